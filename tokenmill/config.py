@@ -1,0 +1,78 @@
+"""Frozen engine configuration: what the user asked for, validated once at start-up."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to load and how to run its weights."""
+
+    model: str | None = None  # None: the embedded SmolLM2-135M-Instruct
+    dtype: str = "float32"
+    # Weight quantization applied at load time: None (as stored, dequantized to `dtype`)
+    # or "int8" (weight-only per-channel int8 with per-row dynamic activation quantization).
+    quantization: str | None = None
+    max_model_len: int | None = None  # None: the model's context length
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype: unsupported value {self.dtype!r}")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization: unsupported value {self.quantization!r}")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError("max_model_len: must be positive")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: block size and the memory budget that sizes the block pool."""
+
+    block_size: int = 16
+    kv_cache_memory_bytes: int = 2 * GiB
+    num_blocks_override: int | None = None  # tests force tiny pools with this
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size: must be a positive power of two")
+        if self.kv_cache_memory_bytes <= 0:
+            raise ValueError("kv_cache_memory_bytes: must be positive")
+        if self.num_blocks_override is not None and self.num_blocks_override < 1:
+            raise ValueError("num_blocks_override: must be >= 1")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits for one engine step."""
+
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # "fcfs" or "priority"
+    max_waiting_requests: int | None = None  # None: unbounded queue (the server bounds it)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs: must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens: must be >= 1")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy: must be 'fcfs' or 'priority', got {self.policy!r}")
+
+
+def default_num_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    num_threads: int = field(default_factory=default_num_threads)
+    device: str = "cpu"

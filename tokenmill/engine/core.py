@@ -1,0 +1,130 @@
+"""The engine core: scheduler + KV cache manager + model runner, advanced one step at a time."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from tokenmill.config import EngineConfig
+from tokenmill.engine.core_types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from tokenmill.kv.manager import KVCacheManager, cdiv
+from tokenmill.model.llama import LlamaForCausalLM
+from tokenmill.model.loader import ModelFiles, load_model_files
+from tokenmill.scheduler.request import Request, RequestStatus
+from tokenmill.scheduler.scheduler import Scheduler
+from tokenmill.worker.model_runner import ModelRunner, kv_bytes_per_block
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its configured bound; the caller should retry later."""
+
+
+def validate_prompt(prompt_token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
+    if not prompt_token_ids:
+        raise ValueError("prompt: must not be empty")
+    if len(prompt_token_ids) >= max_model_len:
+        raise ValueError(
+            f"prompt: {len(prompt_token_ids)} tokens do not fit the context length of {max_model_len} tokens "
+            "(at least one token must remain for the output)"
+        )
+    bad = next((t for t in prompt_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, model_files: ModelFiles | None = None) -> None:
+        self.config = config
+        torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.model_config.seed)
+        t0 = time.monotonic()
+        files = model_files or load_model_files(config.model_config.model)
+        self.model_name = files.name
+        self.tokenizer = files.tokenizer
+        arch = files.arch
+        model_len = config.model_config.max_model_len or arch.max_position_embeddings
+        self.model = LlamaForCausalLM(
+            arch,
+            files.weights,
+            max_positions=model_len,
+            quantization=config.model_config.quantization,
+            rope_freq_factors=files.rope_freq_factors,
+        )
+        files.weights.clear()
+        cache = config.cache_config
+        kv_dtype = torch.float32
+        num_blocks = cache.num_blocks_override or max(
+            1, cache.kv_cache_memory_bytes // kv_bytes_per_block(self.model, cache.block_size, kv_dtype)
+        )
+        # A sequence can never grow beyond what the whole pool holds.
+        self.max_model_len = min(model_len, num_blocks * cache.block_size)
+        self.vocab_size = arch.vocab_size
+        self.kv_manager = KVCacheManager(num_blocks, cache.block_size)
+        self.scheduler = Scheduler(config.scheduler_config, self.kv_manager, self.max_model_len)
+        self.runner = ModelRunner(self.model, num_blocks, cache.block_size, kv_dtype=kv_dtype, device=config.device)
+        self.num_blocks = num_blocks
+        logger.info(
+            "engine ready: %s, %d KV blocks x %d tokens, max_model_len %d, %.1fs",
+            self.model_name, num_blocks, cache.block_size, self.max_model_len, time.monotonic() - t0,
+        )
+
+    # ------------------------------------------------------------ requests
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        validate_prompt(req.prompt_token_ids, self.vocab_size, self.max_model_len)
+        bound = self.config.scheduler_config.max_waiting_requests
+        if bound is not None and self.scheduler.num_waiting >= bound:
+            raise QueueFullError(f"the waiting queue is full ({bound} requests)")
+        self.scheduler.add_request(
+            Request(
+                req.request_id,
+                req.prompt_token_ids,
+                req.sampling_params,
+                self.tokenizer.eos_token_ids,
+                self.max_model_len,
+                arrival_time=req.arrival_time,
+                priority=req.priority,
+            )
+        )
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ------------------------------------------------------------ one step
+
+    def step(self) -> EngineCoreOutputs:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return EngineCoreOutputs(stats=self.scheduler.stats())
+        now = time.monotonic()
+        for sr in sched.scheduled:
+            if sr.request.first_scheduled_time is None:
+                sr.request.first_scheduled_time = now
+        try:
+            result = self.runner.execute_model(sched)
+        except Exception:
+            # A fault in the forward pass fails the requests of this step, not the engine.
+            logger.exception("model execution failed; failing %d requests", len(sched.scheduled))
+            ids = [sr.request.request_id for sr in sched.scheduled]
+            failed = self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
+            outs = [EngineCoreOutput(r.request_id, [], finish_reason="error") for r in failed]
+            return EngineCoreOutputs(outs, self.scheduler.stats())
+        outputs = self.scheduler.update_from_output(sched, result)
+        return EngineCoreOutputs(outputs, self.scheduler.stats())
+
+    def check_invariants(self) -> None:
+        """Block accounting: free + used = total, and requests hold exactly the used refs."""
+        self.kv_manager.check_invariants()
+        for rid, req in self.scheduler.requests.items():
+            held = len(self.kv_manager.get_block_ids(rid))
+            if req.status == RequestStatus.RUNNING:
+                assert held >= cdiv(req.num_computed_tokens, self.kv_manager.block_size)
+            else:
+                assert held == 0, f"{rid} holds {held} blocks while {req.status.name}"

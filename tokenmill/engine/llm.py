@@ -1,0 +1,133 @@
+"""Offline API: `LLM(model).generate(prompts, SamplingParams(...))`, shaped like vLLM's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tokenmill.config import (
+    CacheConfig,
+    EngineConfig,
+    GiB,
+    ModelConfig,
+    SchedulerConfig,
+    default_num_threads,
+)
+from tokenmill.engine.llm_engine import LLMEngine
+from tokenmill.engine.processor import PromptType
+from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_params import SamplingParams
+
+Conversation = list[dict[str, Any]]
+
+
+def build_engine_config(
+    model: str | None = None,
+    *,
+    dtype: str = "float32",
+    quantization: str | None = None,
+    max_model_len: int | None = None,
+    seed: int = 0,
+    block_size: int = 16,
+    kv_cache_memory_gib: float = 2.0,
+    num_kv_blocks: int | None = None,
+    max_num_seqs: int = 128,
+    max_num_batched_tokens: int = 2048,
+    enable_chunked_prefill: bool = True,
+    scheduling_policy: str = "fcfs",
+    max_waiting_requests: int | None = None,
+    num_threads: int | None = None,
+) -> EngineConfig:
+    return EngineConfig(
+        model_config=ModelConfig(model, dtype, quantization, max_model_len, seed),
+        cache_config=CacheConfig(block_size, int(kv_cache_memory_gib * GiB), num_kv_blocks),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, scheduling_policy, max_waiting_requests
+        ),
+        num_threads=num_threads or default_num_threads(),
+    )
+
+
+class LLM:
+    """Offline batch inference. `model=None` loads the embedded SmolLM2-135M-Instruct."""
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        self.engine = LLMEngine(build_engine_config(model, **engine_args))
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        priority: Sequence[int] | None = None,
+        use_progress: bool = False,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if isinstance(params, SamplingParams):
+            params_list = [params] * len(prompts)
+        else:
+            params_list = list(params)
+            if len(params_list) != len(prompts):
+                raise ValueError("sampling_params: the list must be as long as the prompts")
+        return self._run([(p, sp) for p, sp in zip(prompts, params_list, strict=True)], priority, use_progress)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        use_progress: bool = False,
+    ) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tok = self.engine.tokenizer
+        prompts: list[PromptType] = []
+        for conv in conversations:
+            text = self.engine.processor.render_chat(conv, add_generation_prompt, tools, chat_template_kwargs)  # type: ignore[arg-type]
+            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_progress=use_progress)
+
+    def _run(
+        self,
+        items: list[tuple[PromptType, SamplingParams]],
+        priority: Sequence[int] | None,
+        use_progress: bool,
+    ) -> list[RequestOutput]:
+        engine = self.engine
+        ids = []
+        try:
+            for i, (prompt, params) in enumerate(items):
+                rid = engine.new_request_id()
+                engine.add_request(rid, prompt, params, priority[i] if priority else 0)
+                ids.append(rid)
+        except Exception:
+            for rid in ids:
+                engine.abort_request(rid)
+            raise
+        finals: dict[str, RequestOutput] = {}
+        progress = None
+        if use_progress:
+            from rich.progress import Progress
+
+            progress = Progress()
+            task = progress.add_task("generating", total=len(ids))
+            progress.start()
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        finals[out.request_id] = out
+                        if progress is not None:
+                            progress.advance(task)
+        finally:
+            if progress is not None:
+                progress.stop()
+        return [finals[rid] for rid in ids]

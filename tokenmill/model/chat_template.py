@@ -1,0 +1,77 @@
+"""Chat templates rendered the way Hugging Face transformers renders them: sandboxed jinja2."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Used when a model file carries no template (ChatML, as SmolLM2 and Qwen2 use).
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+
+
+class ChatTemplateError(ValueError):
+    """The template raised or could not be rendered for these messages."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+class ChatTemplate:
+    def __init__(self, source: str | None, bos_token: str | None = None, eos_token: str | None = None) -> None:
+        self.source = source or DEFAULT_CHAT_TEMPLATE
+        self.bos_token = bos_token or ""
+        self.eos_token = eos_token or ""
+        self._template = _compile(self.source)
+
+    @property
+    def supports_tools(self) -> bool:
+        return "tools" in self.source
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                tools=tools,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+                **kwargs,
+            )
+        except TemplateError as e:
+            raise ChatTemplateError(f"chat template error: {e}") from e
+        except (TypeError, KeyError, AttributeError) as e:
+            raise ChatTemplateError(f"messages do not fit the chat template: {e}") from e

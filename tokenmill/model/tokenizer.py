@@ -1,0 +1,180 @@
+"""Tokenizers built with the `tokenizers` library, from a tokenizer.json or from GGUF metadata."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+# Pre-tokenizer split patterns by GGUF `tokenizer.ggml.pre` (as llama.cpp names them).
+_LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# GGUF token types
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+@dataclass
+class Tokenizer:
+    """A `tokenizers.Tokenizer` plus the special-token facts the engine needs."""
+
+    hf: HFTokenizer
+    bos_token_id: int | None
+    eos_token_ids: list[int]
+    add_bos_token: bool  # prepend BOS ourselves (GGUF files); tokenizer.json post-processors do it themselves
+    bos_token: str | None = None
+    eos_token: str | None = None
+    special_token_ids: set[int] = field(default_factory=set)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        if (
+            add_special_tokens
+            and self.add_bos_token
+            and self.bos_token_id is not None
+            and (not ids or ids[0] != self.bos_token_id)
+        ):
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.hf.id_to_token(token_id)
+
+
+def _gpt2_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("llama-bpe", "llama3", "smaug-bpe"):
+        pattern = _LLAMA3_PATTERN
+    elif pre in ("qwen2", "deepseek-r1-qwen"):
+        pattern = _QWEN2_PATTERN
+    elif pre in ("smollm", "starcoder", "refact"):
+        # Digits one by one, then GPT-2's own split.
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:  # "gpt2", "default" and unknown: GPT-2's split
+        return byte_level
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def _spm_merges(vocab: dict[str, int], scores: Sequence[float]) -> list[tuple[str, str]]:
+    """Merges for a SentencePiece BPE vocab, ranked by the merged piece's score."""
+    merges: list[tuple[float, int, int, str, str]] = []
+    for piece, piece_id in vocab.items():
+        for i in range(1, len(piece)):
+            left, right = piece[:i], piece[i:]
+            if left in vocab and right in vocab:
+                merges.append((-scores[piece_id], vocab[left], vocab[right], left, right))
+    merges.sort()
+    return [(left, right) for _, _, _, left, right in merges]
+
+
+def tokenizer_from_gguf(meta: dict) -> Tokenizer:
+    kind = meta["tokenizer.ggml.model"]
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    if kind == "gpt2":
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        hf = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=False))
+        hf.pre_tokenizer = _gpt2_pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
+        hf.decoder = decoders.ByteLevel()
+        default_add_bos = False
+    elif kind == "llama":
+        scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+        unk_id = meta.get("tokenizer.ggml.unknown_token_id", 0)
+        hf = HFTokenizer(
+            models.BPE(vocab, _spm_merges(vocab, scores), unk_token=tokens[unk_id], fuse_unk=True, byte_fallback=True)
+        )
+        prefix = "▁" if meta.get("tokenizer.ggml.add_space_prefix", True) else ""
+        hf.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(prefix), normalizers.Replace(" ", "▁")] if prefix else [normalizers.Replace(" ", "▁")]
+        )
+        hf.decoder = decoders.Sequence(
+            [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+            + ([decoders.Strip(" ", 1, 0)] if prefix else [])
+        )
+        default_add_bos = True
+    else:
+        raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (supported: gpt2, llama)")
+
+    special = [
+        AddedToken(tok, special=types[i] == _CONTROL, normalized=False)
+        for i, tok in enumerate(tokens)
+        if types[i] in (_CONTROL, _USER_DEFINED)
+    ]
+    hf.add_tokens(special)
+    special_ids = {i for i, t in enumerate(types) if t == _CONTROL}
+
+    bos_id = meta.get("tokenizer.ggml.bos_token_id")
+    eos_id = meta.get("tokenizer.ggml.eos_token_id")
+    eos_ids = [eos_id] if eos_id is not None else []
+    eot_id = meta.get("tokenizer.ggml.eot_token_id")
+    if eot_id is not None and eot_id not in eos_ids:
+        eos_ids.append(eot_id)
+    return Tokenizer(
+        hf=hf,
+        bos_token_id=bos_id,
+        eos_token_ids=eos_ids,
+        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos)),
+        bos_token=tokens[bos_id] if bos_id is not None else None,
+        eos_token=tokens[eos_id] if eos_id is not None else None,
+        special_token_ids=special_ids,
+    )
+
+
+def tokenizer_from_files(
+    tokenizer_json: str,
+    tokenizer_config: dict,
+    eos_token_ids: Sequence[int] = (),
+) -> Tokenizer:
+    hf = HFTokenizer.from_file(tokenizer_json)
+
+    def token_text(value: object) -> str | None:
+        if isinstance(value, dict):
+            return value.get("content")
+        return value if isinstance(value, str) else None
+
+    bos = token_text(tokenizer_config.get("bos_token"))
+    eos = token_text(tokenizer_config.get("eos_token"))
+    bos_id = hf.token_to_id(bos) if bos else None
+    eos_ids = list(eos_token_ids)
+    eos_from_config = hf.token_to_id(eos) if eos else None
+    if eos_from_config is not None and eos_from_config not in eos_ids:
+        eos_ids.insert(0, eos_from_config)
+    # A tokenizer.json post-processor adds BOS itself; only add it when the config asks
+    # for it and the post-processor would not.
+    probe = hf.encode("a", add_special_tokens=True).ids
+    adds_bos_itself = bos_id is not None and bool(probe) and probe[0] == bos_id
+    add_bos = bool(tokenizer_config.get("add_bos_token", False)) and not adds_bos_itself
+    special_ids = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+    return Tokenizer(
+        hf=hf,
+        bos_token_id=bos_id,
+        eos_token_ids=eos_ids,
+        add_bos_token=add_bos,
+        bos_token=bos,
+        eos_token=eos,
+        special_token_ids=special_ids,
+    )

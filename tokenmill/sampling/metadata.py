@@ -1,0 +1,72 @@
+"""Per-step sampling inputs for the rows that get a token, gathered from their requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenmill.scheduler.request import Request
+
+
+@dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor  # [S]; 0 for greedy rows
+    all_greedy: bool
+    top_k: torch.Tensor | None  # [S] long, 0 = off
+    top_p: torch.Tensor | None  # [S]
+    min_p: torch.Tensor | None  # [S]
+    generators: dict[int, torch.Generator]  # row -> per-request generator (seeded requests)
+    # penalties (None when no row uses them)
+    presence_penalty: torch.Tensor | None
+    frequency_penalty: torch.Tensor | None
+    repetition_penalty: torch.Tensor | None
+    output_token_ids: list[list[int]]
+    prompt_token_ids: list[list[int]]
+    # rows that may not stop yet (min_tokens): row -> token ids to suppress
+    blocked_tokens: dict[int, list[int]]
+    logit_bias: dict[int, dict[int, float]]
+    max_num_logprobs: int | None  # None: no row wants logprobs
+
+    @classmethod
+    def from_requests(cls, requests: list[Request]) -> SamplingMetadata:
+        params = [r.sampling_params for r in requests]
+        temperature = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
+        all_greedy = all(p.greedy for p in params)
+        top_k = top_p = min_p = None
+        if not all_greedy:
+            if any(p.top_k > 0 for p in params):
+                top_k = torch.tensor([p.top_k for p in params], dtype=torch.long)
+            if any(p.top_p < 1.0 for p in params):
+                top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+            if any(p.min_p > 0 for p in params):
+                min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
+        generators = {i: r.generator for i, r in enumerate(requests) if r.generator is not None}
+        presence = frequency = repetition = None
+        if any(p.uses_penalties for p in params):
+            presence = torch.tensor([p.presence_penalty for p in params], dtype=torch.float32)
+            frequency = torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32)
+            repetition = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32)
+        blocked = {
+            i: sorted(r.stop_token_ids)
+            for i, r in enumerate(requests)
+            if r.num_output_tokens < r.sampling_params.min_tokens and r.stop_token_ids
+        }
+        bias = {i: p.logit_bias for i, p in enumerate(params) if p.logit_bias}
+        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            temperature=temperature,
+            all_greedy=all_greedy,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            generators=generators,
+            presence_penalty=presence,
+            frequency_penalty=frequency,
+            repetition_penalty=repetition,
+            output_token_ids=[r.output_token_ids for r in requests] if presence is not None else [],
+            prompt_token_ids=[r.prompt_token_ids for r in requests] if presence is not None else [],
+            blocked_tokens=blocked,
+            logit_bias=bias,
+            max_num_logprobs=max(wanted) if wanted else None,
+        )

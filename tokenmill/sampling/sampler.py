@@ -1,0 +1,116 @@
+"""Turns logits into tokens: bias and bans, penalties, temperature, top-k/top-p/min-p, seeded draws,
+and the logprobs of what was drawn."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenmill.sampling.metadata import SamplingMetadata
+from tokenmill.sampling.penalties import apply_penalties
+
+
+@dataclass
+class LogprobsTensors:
+    token_ids: torch.Tensor  # [S, k + 1]: sampled token first, then the top-k
+    logprobs: torch.Tensor  # [S, k + 1]
+    sampled_ranks: torch.Tensor  # [S]: 1-based rank of the sampled token
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [S]
+    logprobs: LogprobsTensors | None
+
+
+def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> LogprobsTensors:
+    """The chosen tokens' logprobs, their ranks and the top-k alternatives."""
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1))
+    ranks = (logprobs > chosen).sum(dim=1) + 1
+    if k > 0:
+        top_lp, top_ids = logprobs.topk(k, dim=1)
+        ids = torch.cat([token_ids.unsqueeze(1), top_ids], dim=1)
+        lps = torch.cat([chosen, top_lp], dim=1)
+    else:
+        ids, lps = token_ids.unsqueeze(1), chosen
+    return LogprobsTensors(ids, lps, ranks)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    vocab = logits.shape[1]
+    if top_p is None:
+        if top_k is None:
+            return logits
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+        max_k = int(k.max())
+        top_values = logits.topk(max_k, dim=1).values
+        threshold = top_values.gather(1, (k - 1).unsqueeze(1))
+        threshold[k == vocab] = float("-inf")
+        return logits.masked_fill(logits < threshold, float("-inf"))
+    logits_sort, order = logits.sort(dim=1, descending=False)
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+        kth = logits_sort.gather(1, (vocab - k).unsqueeze(1))
+        logits_sort.masked_fill_(logits_sort < kth, float("-inf"))
+    probs_sort = logits_sort.softmax(dim=1)
+    cumulative = probs_sort.cumsum(dim=1)
+    remove = cumulative <= (1 - top_p.unsqueeze(1))
+    remove[:, -1] = False  # keep at least the most likely token
+    logits_sort.masked_fill_(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, logits_sort)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    probs = logits.softmax(dim=1)
+    threshold = probs.amax(dim=1, keepdim=True) * min_p.unsqueeze(1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        logits = logits.float()
+        raw_logprobs = logits.log_softmax(dim=1) if meta.max_num_logprobs is not None else None
+
+        if meta.logit_bias or meta.blocked_tokens:
+            logits = logits.clone()
+            for row, bias in meta.logit_bias.items():
+                ids = torch.tensor(list(bias.keys()), dtype=torch.long)
+                logits[row, ids] += torch.tensor(list(bias.values()), dtype=torch.float32)
+            for row, banned in meta.blocked_tokens.items():
+                logits[row, banned] = float("-inf")
+        if meta.presence_penalty is not None:
+            logits = apply_penalties(
+                logits,
+                meta.prompt_token_ids,
+                meta.output_token_ids,
+                meta.presence_penalty,
+                meta.frequency_penalty,
+                meta.repetition_penalty,
+            )
+
+        greedy = logits.argmax(dim=1)
+        if meta.all_greedy:
+            sampled = greedy
+        else:
+            sampled = torch.where(meta.temperature == 0, greedy, self._random(logits, meta))
+
+        lp = None
+        if raw_logprobs is not None:
+            lp = gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)
+        return SamplerOutput(sampled, lp)
+
+    def _random(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        temperature = torch.where(meta.temperature == 0, torch.ones_like(meta.temperature), meta.temperature)
+        logits = logits / temperature.unsqueeze(1)
+        logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+        if meta.min_p is not None:
+            logits = apply_min_p(logits, meta.min_p)
+        probs = logits.softmax(dim=1)
+        # Gumbel-style race: argmax(p / Exp(1)) draws from p; seeded rows use their own stream.
+        noise = torch.empty_like(probs)
+        if len(meta.generators) < probs.shape[0]:
+            noise.exponential_()
+        for row, gen in meta.generators.items():
+            noise[row].exponential_(generator=gen)
+        return probs.div_(noise).argmax(dim=1)

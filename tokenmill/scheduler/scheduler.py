@@ -1,0 +1,210 @@
+"""Phase-free continuous batching (vLLM v1): every request closes the gap between its
+num_computed_tokens and its num_tokens, under one token budget per step. The same rule covers
+prefill, chunked prefill, decode and recompute after preemption."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenmill.config import SchedulerConfig
+from tokenmill.engine.core_types import EngineCoreOutput, PositionLogprobs, SchedulerStats
+from tokenmill.kv.manager import KVCacheManager
+from tokenmill.scheduler.queue import make_queue
+from tokenmill.scheduler.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    block_ids: list[int]
+
+    @property
+    def samples(self) -> bool:
+        """This step reaches the end of the request's known tokens, so it yields a new token."""
+        return self.request.num_computed_tokens + self.num_new_tokens >= self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_scheduled_tokens: int = 0
+    preempted_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class ModelRunnerOutput:
+    sampled_token_ids: dict[str, list[int]]
+    logprobs: dict[str, list[PositionLogprobs]]
+    prompt_logprobs: dict[str, list[PositionLogprobs]]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager, max_model_len: int) -> None:
+        self.config = config
+        self.kv = kv_manager
+        self.max_model_len = max_model_len
+        self.waiting = make_queue(config.policy)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------ requests in and out
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id: {request.request_id!r} is already in the engine")
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[Request]:
+        """Abort (or fail) requests wherever they are; their blocks are freed at once."""
+        done = []
+        for rid in request_ids:
+            request = self.requests.pop(rid, None)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = status
+            self.kv.free(request)
+            done.append(request)
+        return done
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # ------------------------------------------------------------ one step
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[str, ScheduledRequest] = {}
+
+        # 1) Running requests first: decodes and unfinished prefill chunks.
+        for request in list(self.running):
+            if budget <= 0:
+                break
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new <= 0:
+                continue
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self._pick_victim()
+                budget += self._preempt(victim, scheduled)
+                out.preempted_request_ids.append(victim.request_id)
+                if victim is request:
+                    break
+            if request.status != RequestStatus.RUNNING:
+                continue
+            scheduled[request.request_id] = ScheduledRequest(request, num_new, [])
+            budget -= num_new
+
+        # 2) Waiting requests, while nothing had to be preempted this step.
+        while (
+            not out.preempted_request_ids
+            and budget > 0
+            and len(self.waiting)
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            request = self.waiting.peek()
+            num_new = request.num_tokens - request.num_computed_tokens
+            if not self.config.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            if not self.kv.allocate_slots(request, num_new):
+                break
+            self.waiting.pop()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled[request.request_id] = ScheduledRequest(request, num_new, [])
+            budget -= num_new
+
+        for sr in scheduled.values():
+            sr.block_ids = self.kv.get_block_ids(sr.request.request_id)
+        out.scheduled = list(scheduled.values())
+        out.num_scheduled_tokens = sum(sr.num_new_tokens for sr in out.scheduled)
+        return out
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, request: Request, scheduled: dict[str, ScheduledRequest]) -> int:
+        """Preempt by recompute: drop its KV, send it back to the front of the queue.
+        Returns the token budget it had taken this step (0 if not scheduled yet)."""
+        self.running.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(request)
+        refund = scheduled.pop(request.request_id, None)
+        return refund.num_new_tokens if refund else 0
+
+    def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        outputs = []
+        for sr in sched.scheduled:
+            request = sr.request
+            if request.is_finished:  # aborted while the step ran
+                continue
+            request.num_computed_tokens += sr.num_new_tokens
+            rid = request.request_id
+            new_tokens: list[int] = []
+            for token in result.sampled_token_ids.get(rid, ()):
+                request.append_output_token(token)
+                new_tokens.append(token)
+                if self._check_stop(request, token):
+                    break
+            prompt_lps = result.prompt_logprobs.get(rid)
+            if not new_tokens and not prompt_lps:
+                continue
+            logprobs = result.logprobs.get(rid)
+            outputs.append(
+                EngineCoreOutput(
+                    request_id=rid,
+                    new_token_ids=new_tokens,
+                    new_logprobs=logprobs[: len(new_tokens)] if logprobs else None,
+                    prompt_logprobs=prompt_lps,
+                    finish_reason=request.finish_reason,
+                    stop_reason=request.stop_reason,
+                    num_cached_tokens=request.num_cached_tokens,
+                )
+            )
+            if request.is_finished:
+                self.running.remove(request)
+                self.kv.free(request)
+                del self.requests[rid]
+        return outputs
+
+    def _check_stop(self, request: Request, token: int) -> bool:
+        num_out = request.num_output_tokens
+        if token in request.stop_token_ids and num_out >= request.sampling_params.min_tokens:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = None if token in request.eos_token_ids else token
+        elif num_out >= request.max_tokens or request.num_tokens >= self.max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        else:
+            return False
+        return True
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv.usage(),
+            num_preemptions=self.num_preemptions,
+        )

@@ -1,0 +1,126 @@
+"""Attention over the paged KV cache: metadata built once per step, and the backend interface.
+
+The flat batch holds single-token queries (decodes, in any phase) first, then multi-token
+chunks (prefill chunks). Each layer's cache is one tensor [2, num_blocks, block_size * kv_heads
+* head_dim]: K and V of one block are contiguous, so a block table gathers whole blocks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class ChunkAttention:
+    """One multi-token query chunk of one sequence."""
+
+    query_start: int  # row in the flat batch
+    query_len: int
+    context_len: int  # tokens of the sequence visible after this chunk (incl. the chunk)
+    block_ids: torch.Tensor  # blocks covering context_len tokens
+    mask: torch.Tensor | None  # [query_len, context_len] bool, None when plain causal
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot of each token
+    num_decode_tokens: int
+    decode_block_ids: torch.Tensor | None  # [num_decodes * max_blocks], padded with block 0
+    decode_max_blocks: int
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] additive
+    chunks: list[ChunkAttention]
+
+
+class AttentionBackend(ABC):
+    """Computes attention for one layer of a flat batch, reading and writing its KV cache."""
+
+    name: str
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+        self.scale = head_dim**-0.5
+
+    def allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+        block_numel = self.block_size * self.num_kv_heads * self.head_dim
+        return torch.zeros(2, num_blocks, block_numel, dtype=dtype, device=device)
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, num_heads * head_dim]
+        ...
+
+
+class TorchSDPABackend(AttentionBackend):
+    """Portable backend: block gather + torch scaled_dot_product_attention."""
+
+    name = "torch_sdpa"
+
+    def forward(self, q, k, v, kv_cache, meta):
+        nkv, hd = self.num_kv_heads, self.head_dim
+        k_cache = kv_cache[0].view(-1, nkv, hd)
+        v_cache = kv_cache[1].view(-1, nkv, hd)
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
+
+        num_tokens = q.shape[0]
+        out = torch.empty(num_tokens, self.num_heads * hd, dtype=q.dtype, device=q.device)
+        nd = meta.num_decode_tokens
+        if nd:
+            out[:nd] = self._decode(q[:nd], kv_cache, meta)
+        for chunk in meta.chunks:
+            s, n = chunk.query_start, chunk.query_len
+            out[s : s + n] = self._chunk(q[s : s + n], k[s : s + n], v[s : s + n], kv_cache, chunk)
+        return out
+
+    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        nd, nkv, hd = q.shape[0], self.num_kv_heads, self.head_dim
+        length = meta.decode_max_blocks * self.block_size
+        keys = kv_cache[0].index_select(0, meta.decode_block_ids).view(nd, length, nkv, hd)
+        values = kv_cache[1].index_select(0, meta.decode_block_ids).view(nd, length, nkv, hd)
+        # Query heads of one KV group become the "query length" axis: no K/V expansion.
+        qg = q.view(nd, nkv, self.num_heads // nkv, hd)
+        o = F.scaled_dot_product_attention(
+            qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=meta.decode_mask, scale=self.scale
+        )
+        return o.reshape(nd, self.num_heads * hd)
+
+    def _chunk(self, q, k, v, kv_cache, chunk: ChunkAttention) -> torch.Tensor:
+        nkv, hd = self.num_kv_heads, self.head_dim
+        if chunk.context_len == chunk.query_len:  # nothing cached before: attend to itself
+            keys, values = k, v
+        else:
+            keys = kv_cache[0].index_select(0, chunk.block_ids).view(-1, nkv, hd)[: chunk.context_len]
+            values = kv_cache[1].index_select(0, chunk.block_ids).view(-1, nkv, hd)[: chunk.context_len]
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
+            attn_mask=chunk.mask,
+            is_causal=chunk.mask is None,
+            scale=self.scale,
+            enable_gqa=True,
+        )
+        return o[0].transpose(0, 1).reshape(chunk.query_len, self.num_heads * hd)
+
+
+ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {TorchSDPABackend.name: TorchSDPABackend}
+
+
+def get_attention_backend(name: str) -> type[AttentionBackend]:
+    try:
+        return ATTENTION_BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown attention backend {name!r}; known: {sorted(ATTENTION_BACKENDS)}") from None

@@ -1,0 +1,98 @@
+"""Flattens one scheduler step into model inputs and attention metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tokenmill.scheduler.scheduler import ScheduledRequest
+from tokenmill.worker.attention import AttentionMetadata, ChunkAttention
+
+
+@dataclass
+class ModelInput:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: AttentionMetadata
+    ordered: list[ScheduledRequest]  # decodes first, then chunks, in flat-batch order
+    query_starts: list[int]  # row of each request's first token in the flat batch
+
+
+def build_model_input(scheduled: list[ScheduledRequest], block_size: int, sliding_window: int | None) -> ModelInput:
+    decodes = [sr for sr in scheduled if sr.num_new_tokens == 1]
+    chunks = [sr for sr in scheduled if sr.num_new_tokens > 1]
+    ordered = decodes + chunks
+
+    token_parts: list[np.ndarray] = []
+    position_parts: list[np.ndarray] = []
+    slot_parts: list[np.ndarray] = []
+    query_starts: list[int] = []
+
+    # Single-token queries: one gather over a padded block table.
+    nd = len(decodes)
+    decode_block_ids = decode_mask = None
+    max_blocks = 0
+    if nd:
+        positions = np.fromiter((sr.request.num_computed_tokens for sr in decodes), dtype=np.int64, count=nd)
+        tokens = np.fromiter(
+            (sr.request.all_token_ids[sr.request.num_computed_tokens] for sr in decodes), dtype=np.int64, count=nd
+        )
+        max_blocks = max(len(sr.block_ids) for sr in decodes)
+        table = np.zeros((nd, max_blocks), dtype=np.int64)
+        for row, sr in enumerate(decodes):
+            table[row, : len(sr.block_ids)] = sr.block_ids
+        rows = np.arange(nd)
+        slots = table[rows, positions // block_size] * block_size + positions % block_size
+        token_parts.append(tokens)
+        position_parts.append(positions)
+        slot_parts.append(slots)
+        query_starts.extend(range(nd))
+        key_pos = torch.arange(max_blocks * block_size)
+        seq_lens = torch.from_numpy(positions + 1)
+        visible = key_pos[None, :] < seq_lens[:, None]
+        if sliding_window is not None:
+            visible &= key_pos[None, :] >= (seq_lens[:, None] - sliding_window)
+        decode_mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, float("-inf"))
+        decode_mask = decode_mask.view(nd, 1, 1, -1)
+        decode_block_ids = torch.from_numpy(table.reshape(-1))
+
+    chunk_meta: list[ChunkAttention] = []
+    start = nd
+    for sr in chunks:
+        req = sr.request
+        first, n = req.num_computed_tokens, sr.num_new_tokens
+        positions = np.arange(first, first + n, dtype=np.int64)
+        table = np.asarray(sr.block_ids, dtype=np.int64)
+        token_parts.append(np.asarray(req.all_token_ids[first : first + n], dtype=np.int64))
+        position_parts.append(positions)
+        slot_parts.append(table[positions // block_size] * block_size + positions % block_size)
+        context_len = first + n
+        mask = None
+        if first > 0 or (sliding_window is not None and context_len > sliding_window):
+            q_pos = torch.arange(first, context_len)[:, None]
+            k_pos = torch.arange(context_len)[None, :]
+            mask = k_pos <= q_pos
+            if sliding_window is not None:
+                mask &= k_pos > q_pos - sliding_window
+        n_blocks = -(-context_len // block_size)
+        chunk_meta.append(ChunkAttention(start, n, context_len, torch.from_numpy(table[:n_blocks]), mask))
+        query_starts.append(start)
+        start += n
+
+    meta = AttentionMetadata(
+        slot_mapping=torch.from_numpy(np.concatenate(slot_parts)),
+        num_decode_tokens=nd,
+        decode_block_ids=decode_block_ids,
+        decode_max_blocks=max_blocks,
+        decode_mask=decode_mask,
+        chunks=chunk_meta,
+    )
+    return ModelInput(
+        input_ids=torch.from_numpy(np.concatenate(token_parts)),
+        positions=torch.from_numpy(np.concatenate(position_parts)),
+        attn_metadata=meta,
+        ordered=ordered,
+        query_starts=query_starts,
+    )
