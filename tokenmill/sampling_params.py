@@ -78,12 +78,15 @@ class SamplingParams:
         if not is_num(self.repetition_penalty) or self.repetition_penalty <= 0:
             fail("repetition_penalty", f"must be > 0, got {self.repetition_penalty!r}")
         if self.stop is not None and not isinstance(self.stop, str):
-            if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
+            if not isinstance(self.stop, (list, tuple)) or not all(
+                isinstance(s, str) for s in self.stop
+            ):
                 fail("stop", f"must be a string or a list of strings, got {self.stop!r}")
             if any(s == "" for s in self.stop):
                 fail("stop", "stop strings must not be empty")
         if self.stop_token_ids is not None and (
-            not isinstance(self.stop_token_ids, (list, tuple)) or not all(is_int(t) for t in self.stop_token_ids)
+            not isinstance(self.stop_token_ids, (list, tuple))
+            or not all(is_int(t) for t in self.stop_token_ids)
         ):
             fail("stop_token_ids", f"must be a list of integers, got {self.stop_token_ids!r}")
         if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
@@ -110,7 +113,11 @@ class SamplingParams:
 
     @property
     def uses_penalties(self) -> bool:
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
 
     @property
     def stop_buffer_length(self) -> int:

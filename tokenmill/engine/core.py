@@ -58,18 +58,26 @@ class EngineCore:
         cache = config.cache_config
         kv_dtype = torch.float32
         num_blocks = cache.num_blocks_override or max(
-            1, cache.kv_cache_memory_bytes // kv_bytes_per_block(self.model, cache.block_size, kv_dtype)
+            1,
+            cache.kv_cache_memory_bytes
+            // kv_bytes_per_block(self.model, cache.block_size, kv_dtype),
         )
         # A sequence can never grow beyond what the whole pool holds.
         self.max_model_len = min(model_len, num_blocks * cache.block_size)
         self.vocab_size = arch.vocab_size
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size)
         self.scheduler = Scheduler(config.scheduler_config, self.kv_manager, self.max_model_len)
-        self.runner = ModelRunner(self.model, num_blocks, cache.block_size, kv_dtype=kv_dtype, device=config.device)
+        self.runner = ModelRunner(
+            self.model, num_blocks, cache.block_size, kv_dtype=kv_dtype, device=config.device
+        )
         self.num_blocks = num_blocks
         logger.info(
             "engine ready: %s, %d KV blocks x %d tokens, max_model_len %d, %.1fs",
-            self.model_name, num_blocks, cache.block_size, self.max_model_len, time.monotonic() - t0,
+            self.model_name,
+            num_blocks,
+            cache.block_size,
+            self.max_model_len,
+            time.monotonic() - t0,
         )
 
     # ------------------------------------------------------------ requests

@@ -13,7 +13,9 @@ _PROMPT_CONTEXT = 4
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
         self.tokenizer = tokenizer
         self.params = params
         self.stream = DecodeStream(prompt_token_ids[-_PROMPT_CONTEXT:], params.skip_special_tokens)
@@ -50,7 +52,9 @@ class IncrementalDetokenizer:
         if best is None:
             return None
         idx, stop = best
-        self.output_text = text[: idx + len(stop)] if self.params.include_stop_str_in_output else text[:idx]
+        self.output_text = (
+            text[: idx + len(stop)] if self.params.include_stop_str_in_output else text[:idx]
+        )
         return stop
 
     def get_delta(self, finished: bool) -> str:

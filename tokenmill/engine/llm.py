@@ -42,7 +42,11 @@ def build_engine_config(
         model_config=ModelConfig(model, dtype, quantization, max_model_len, seed),
         cache_config=CacheConfig(block_size, int(kv_cache_memory_gib * GiB), num_kv_blocks),
         scheduler_config=SchedulerConfig(
-            max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, scheduling_policy, max_waiting_requests
+            max_num_seqs,
+            max_num_batched_tokens,
+            enable_chunked_prefill,
+            scheduling_policy,
+            max_waiting_requests,
         ),
         num_threads=num_threads or default_num_threads(),
     )
@@ -76,7 +80,9 @@ class LLM:
             params_list = list(params)
             if len(params_list) != len(prompts):
                 raise ValueError("sampling_params: the list must be as long as the prompts")
-        return self._run([(p, sp) for p, sp in zip(prompts, params_list, strict=True)], priority, use_progress)
+        return self._run(
+            [(p, sp) for p, sp in zip(prompts, params_list, strict=True)], priority, use_progress
+        )
 
     def chat(
         self,
@@ -91,8 +97,12 @@ class LLM:
         tok = self.engine.tokenizer
         prompts: list[PromptType] = []
         for conv in conversations:
-            text = self.engine.processor.render_chat(conv, add_generation_prompt, tools, chat_template_kwargs)  # type: ignore[arg-type]
-            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+            text = self.engine.processor.render_chat(
+                conv, add_generation_prompt, tools, chat_template_kwargs
+            )  # type: ignore[arg-type]
+            prompts.append(
+                {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+            )
         return self.generate(prompts, sampling_params, use_progress=use_progress)
 
     def _run(

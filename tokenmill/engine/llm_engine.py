@@ -20,7 +20,9 @@ class LLMEngine:
         self.chat_template = files.chat_template
         self.core = EngineCore(config, files)
         self.tokenizer = self.core.tokenizer
-        self.processor = InputProcessor(self.tokenizer, files.chat_template, self.core.max_model_len, self.core.vocab_size)
+        self.processor = InputProcessor(
+            self.tokenizer, files.chat_template, self.core.max_model_len, self.core.vocab_size
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
@@ -42,7 +44,9 @@ class LLMEngine:
         self.processor.validate(token_ids, params)
         child_ids = self.output_processor.add_request(request_id, text, token_ids, params)
         try:
-            for req in self.processor.make_requests(request_id, token_ids, params, child_ids, time.monotonic(), priority):
+            for req in self.processor.make_requests(
+                request_id, token_ids, params, child_ids, time.monotonic(), priority
+            ):
                 self.core.add_request(req)
         except Exception:
             self.abort_request(request_id)

@@ -19,7 +19,9 @@ def to_logprob_dict(tokenizer: Tokenizer, entry: PositionLogprobs) -> PositionLo
     for i, (tid, lp) in enumerate(zip(ids, lps, strict=True)):
         if tid in out:
             continue
-        out[tid] = Logprob(lp, rank if i == 0 else i, tokenizer.decode([tid], skip_special_tokens=False))
+        out[tid] = Logprob(
+            lp, rank if i == 0 else i, tokenizer.decode([tid], skip_special_tokens=False)
+        )
     return out
 
 
@@ -70,18 +72,25 @@ class OutputProcessor:
         self.child_to_parent: dict[str, tuple[str, int]] = {}
 
     def add_request(
-        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
     ) -> list[str]:
         """Registers the request; returns the engine-core ids of its n samples."""
         if request_id in self.requests:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         samples = [
-            SampleState(i, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params)) for i in range(params.n)
+            SampleState(i, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params))
+            for i in range(params.n)
         ]
         for s in samples:
             if params.logprobs is not None:
                 s.logprobs, s.cumulative_logprob = [], 0.0
-        state = RequestState(request_id, prompt, prompt_token_ids, params, samples, time.monotonic())
+        state = RequestState(
+            request_id, prompt, prompt_token_ids, params, samples, time.monotonic()
+        )
         if params.prompt_logprobs is not None:
             state.prompt_logprobs = [None]
         self.requests[request_id] = state
@@ -95,9 +104,13 @@ class OutputProcessor:
         if state is None:
             return []
         n = len(state.samples)
-        return [child_request_id(request_id, i, n) for i in range(n) if not state.samples[i].finished]
+        return [
+            child_request_id(request_id, i, n) for i in range(n) if not state.samples[i].finished
+        ]
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
+    def process_outputs(
+        self, outputs: list[EngineCoreOutput]
+    ) -> tuple[list[RequestOutput], list[str]]:
         """Returns request outputs to hand out and engine-core ids to abort (stop strings)."""
         touched: dict[str, RequestState] = {}
         to_abort: list[str] = []
@@ -124,13 +137,17 @@ class OutputProcessor:
                 del self.requests[state.request_id]
         return results, to_abort
 
-    def _update_sample(self, state: RequestState, sample: SampleState, out: EngineCoreOutput) -> bool:
+    def _update_sample(
+        self, state: RequestState, sample: SampleState, out: EngineCoreOutput
+    ) -> bool:
         """Applies one core output; True when a stop string ended the sample (core must abort)."""
         if state.first_token_time is None and out.new_token_ids:
             state.first_token_time = time.monotonic()
         state.num_cached_tokens = out.num_cached_tokens
         if out.prompt_logprobs and state.prompt_logprobs is not None and sample.index == 0:
-            state.prompt_logprobs.extend(to_logprob_dict(self.tokenizer, e) for e in out.prompt_logprobs)
+            state.prompt_logprobs.extend(
+                to_logprob_dict(self.tokenizer, e) for e in out.prompt_logprobs
+            )
         sample.token_ids.extend(out.new_token_ids)
         if out.new_logprobs and sample.logprobs is not None:
             for entry in out.new_logprobs:
@@ -171,7 +188,15 @@ class OutputProcessor:
             else:
                 text, token_ids, logprobs = s.detok.output_text, list(s.token_ids), s.logprobs
             completions.append(
-                CompletionOutput(s.index, text, token_ids, s.cumulative_logprob, logprobs, s.finish_reason, s.stop_reason)
+                CompletionOutput(
+                    s.index,
+                    text,
+                    token_ids,
+                    s.cumulative_logprob,
+                    logprobs,
+                    s.finish_reason,
+                    s.stop_reason,
+                )
             )
         prompt_lps = state.prompt_logprobs
         metrics = {"arrival_time": state.arrival_time}

@@ -13,7 +13,9 @@ from tokenmill.worker.input_batch import build_model_input
 
 
 @torch.inference_mode()
-def sequence_logits(core: EngineCore, token_ids: list[int], chunk_size: int | None = None) -> torch.Tensor:
+def sequence_logits(
+    core: EngineCore, token_ids: list[int], chunk_size: int | None = None
+) -> torch.Tensor:
     """Logits [len(token_ids), vocab] at every position, computed in chunks over the KV cache.
 
     Runs outside the scheduler, so call it on an idle engine.
@@ -31,7 +33,9 @@ def sequence_logits(core: EngineCore, token_ids: list[int], chunk_size: int | No
                 raise RuntimeError("the KV cache is too small for this sequence")
             sr = ScheduledRequest(req, n, kv.get_block_ids(req.request_id))
             inp = build_model_input([sr], kv.block_size, core.model.config.sliding_window)
-            hidden = core.model.forward(inp.input_ids, inp.positions, runner.kv_caches, runner.attn, inp.attn_metadata)
+            hidden = core.model.forward(
+                inp.input_ids, inp.positions, runner.kv_caches, runner.attn, inp.attn_metadata
+            )
             parts.append(core.model.compute_logits(hidden).float())
             req.num_computed_tokens += n
     finally:

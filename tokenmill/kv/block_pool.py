@@ -24,7 +24,9 @@ class BlockPool:
             raise ValueError("the KV cache needs at least one block")
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
+            (b.block_id, b) for b in self.blocks
+        )
 
     @property
     def num_free_blocks(self) -> int:
@@ -69,6 +71,10 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         free = sum(1 for b in self.blocks if b.ref_cnt == 0)
-        assert free == len(self.free_queue), f"{free} blocks unreferenced, {len(self.free_queue)} in free queue"
-        assert all(b.ref_cnt == 0 for b in self.free_queue.values()), "referenced block in free queue"
+        assert free == len(self.free_queue), (
+            f"{free} blocks unreferenced, {len(self.free_queue)} in free queue"
+        )
+        assert all(b.ref_cnt == 0 for b in self.free_queue.values()), (
+            "referenced block in free queue"
+        )
         assert self.num_free_blocks + self.num_used_blocks == self.num_blocks

@@ -58,7 +58,9 @@ class ArchConfig:
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ArchConfig:
         archs = cfg.get("architectures") or []
-        arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        arch = next(
+            (SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None
+        )
         if arch is None:
             raise ValueError(
                 f"unsupported architecture {archs}; supported: {sorted(SUPPORTED_ARCHITECTURES)}"
@@ -88,14 +90,20 @@ class ArchConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
             rope_scaling=_parse_rope_scaling(scaling),
-            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
+            sliding_window=cfg.get("sliding_window")
+            if cfg.get("use_sliding_window", True)
+            else None,
         )
 
     @classmethod
-    def from_gguf_metadata(cls, meta: dict[str, Any], has_output_tensor: bool, has_qkv_bias: bool) -> ArchConfig:
+    def from_gguf_metadata(
+        cls, meta: dict[str, Any], has_output_tensor: bool, has_qkv_bias: bool
+    ) -> ArchConfig:
         arch = meta["general.architecture"]
         if arch not in GGUF_ARCHITECTURES:
-            raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {sorted(GGUF_ARCHITECTURES)}")
+            raise ValueError(
+                f"unsupported GGUF architecture {arch!r}; supported: {sorted(GGUF_ARCHITECTURES)}"
+            )
 
         def key(name: str, default: Any = None) -> Any:
             return meta.get(f"{arch}.{name}", default)

@@ -27,8 +27,16 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators=None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -37,7 +45,9 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def _compile(source: str):
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -45,7 +55,9 @@ def _compile(source: str):
 
 
 class ChatTemplate:
-    def __init__(self, source: str | None, bos_token: str | None = None, eos_token: str | None = None) -> None:
+    def __init__(
+        self, source: str | None, bos_token: str | None = None, eos_token: str | None = None
+    ) -> None:
         self.source = source or DEFAULT_CHAT_TEMPLATE
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""

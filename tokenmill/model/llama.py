@@ -17,14 +17,28 @@ from tokenmill.worker.attention import AttentionBackend, AttentionMetadata
 
 
 class LlamaLayer:
-    def __init__(self, cfg: ArchConfig, weights: dict[str, torch.Tensor], prefix: str, quantization: str | None):
+    def __init__(
+        self,
+        cfg: ArchConfig,
+        weights: dict[str, torch.Tensor],
+        prefix: str,
+        quantization: str | None,
+    ):
         def w(name: str) -> torch.Tensor:
             return weights.pop(prefix + name)
 
-        qkv_w = torch.cat([w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")])
+        qkv_w = torch.cat(
+            [
+                w("self_attn.q_proj.weight"),
+                w("self_attn.k_proj.weight"),
+                w("self_attn.v_proj.weight"),
+            ]
+        )
         qkv_b = None
         if cfg.attention_bias:
-            qkv_b = torch.cat([w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"), w("self_attn.v_proj.bias")])
+            qkv_b = torch.cat(
+                [w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"), w("self_attn.v_proj.bias")]
+            )
         self.qkv_proj = make_linear(qkv_w, qkv_b, quantization)
         self.o_proj = make_linear(w("self_attn.o_proj.weight"), None, quantization)
         gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
@@ -77,7 +91,8 @@ class LlamaForCausalLM:
         weights = dict(weights)
         self.embed_tokens = weights.pop("model.embed_tokens.weight").float().contiguous()
         self.layers = [
-            LlamaLayer(cfg, weights, f"model.layers.{i}.", quantization) for i in range(cfg.num_hidden_layers)
+            LlamaLayer(cfg, weights, f"model.layers.{i}.", quantization)
+            for i in range(cfg.num_hidden_layers)
         ]
         self.norm = weights.pop("model.norm.weight").float()
         lm_head = weights.pop("lm_head.weight", None)

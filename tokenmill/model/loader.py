@@ -34,7 +34,9 @@ def resolve_model_path(model: str | None) -> tuple[str, Path]:
         return EMBEDDED_MODEL_NAME, embedded_model_path()
     path = Path(model).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model path {model!r} does not exist (models load from a local GGUF file or HF folder)")
+        raise FileNotFoundError(
+            f"model path {model!r} does not exist (models load from a local GGUF file or HF folder)"
+        )
     name = path.stem if path.is_file() else path.name
     return name, path
 
@@ -49,7 +51,9 @@ def load_model_files(model: str | None) -> ModelFiles:
             return _load_hf_folder(name, path)
         if len(ggufs) == 1:
             return _load_gguf(name, ggufs[0])
-    raise ValueError(f"{path}: expected a .gguf file or a folder with config.json and *.safetensors")
+    raise ValueError(
+        f"{path}: expected a .gguf file or a folder with config.json and *.safetensors"
+    )
 
 
 # ---------------------------------------------------------------- GGUF
@@ -139,7 +143,9 @@ def _load_gguf(name: str, path: Path) -> ModelFiles:
             raise ValueError(f"{path}: unsupported tensor {tname}")
         weights[hf_name] = torch.from_numpy(np.array(data, dtype=np.float32, order="C"))
     tokenizer = tokenizer_from_gguf(meta)
-    template = ChatTemplate(meta.get("tokenizer.chat_template"), tokenizer.bos_token, tokenizer.eos_token)
+    template = ChatTemplate(
+        meta.get("tokenizer.chat_template"), tokenizer.bos_token, tokenizer.eos_token
+    )
     return ModelFiles(name, path, arch, weights, tokenizer, template, rope_freq_factors)
 
 
@@ -171,7 +177,9 @@ def _load_hf_folder(name: str, path: Path) -> ModelFiles:
     tokenizer = tokenizer_from_files(str(path / "tokenizer.json"), tok_config, eos_ids)
     template_source = tok_config.get("chat_template")
     if isinstance(template_source, list):  # named templates: take "default"
-        template_source = next((t["template"] for t in template_source if t.get("name") == "default"), None)
+        template_source = next(
+            (t["template"] for t in template_source if t.get("name") == "default"), None
+        )
     jinja_file = path / "chat_template.jinja"
     if template_source is None and jinja_file.exists():
         template_source = jinja_file.read_text()

@@ -28,7 +28,9 @@ class Tokenizer:
     hf: HFTokenizer
     bos_token_id: int | None
     eos_token_ids: list[int]
-    add_bos_token: bool  # prepend BOS ourselves (GGUF files); tokenizer.json post-processors do it themselves
+    add_bos_token: (
+        bool  # prepend BOS ourselves (GGUF files); tokenizer.json post-processors do it themselves
+    )
     bos_token: str | None = None
     eos_token: str | None = None
     special_token_ids: set[int] = field(default_factory=set)
@@ -105,11 +107,19 @@ def tokenizer_from_gguf(meta: dict) -> Tokenizer:
         scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
         unk_id = meta.get("tokenizer.ggml.unknown_token_id", 0)
         hf = HFTokenizer(
-            models.BPE(vocab, _spm_merges(vocab, scores), unk_token=tokens[unk_id], fuse_unk=True, byte_fallback=True)
+            models.BPE(
+                vocab,
+                _spm_merges(vocab, scores),
+                unk_token=tokens[unk_id],
+                fuse_unk=True,
+                byte_fallback=True,
+            )
         )
         prefix = "▁" if meta.get("tokenizer.ggml.add_space_prefix", True) else ""
         hf.normalizer = normalizers.Sequence(
-            [normalizers.Prepend(prefix), normalizers.Replace(" ", "▁")] if prefix else [normalizers.Replace(" ", "▁")]
+            [normalizers.Prepend(prefix), normalizers.Replace(" ", "▁")]
+            if prefix
+            else [normalizers.Replace(" ", "▁")]
         )
         hf.decoder = decoders.Sequence(
             [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]

@@ -31,7 +31,9 @@ class SamplingMetadata:
     @classmethod
     def from_requests(cls, requests: list[Request]) -> SamplingMetadata:
         params = [r.sampling_params for r in requests]
-        temperature = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
+        temperature = torch.tensor(
+            [0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32
+        )
         all_greedy = all(p.greedy for p in params)
         top_k = top_p = min_p = None
         if not all_greedy:

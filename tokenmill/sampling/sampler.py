@@ -37,7 +37,9 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> 
     return LogprobsTensors(ids, lps, ranks)
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
     vocab = logits.shape[1]
     if top_p is None:
         if top_k is None:
@@ -101,7 +103,9 @@ class Sampler:
         return SamplerOutput(sampled, lp)
 
     def _random(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        temperature = torch.where(meta.temperature == 0, torch.ones_like(meta.temperature), meta.temperature)
+        temperature = torch.where(
+            meta.temperature == 0, torch.ones_like(meta.temperature), meta.temperature
+        )
         logits = logits / temperature.unsqueeze(1)
         logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
         if meta.min_p is not None:

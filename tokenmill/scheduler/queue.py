@@ -45,7 +45,9 @@ class PriorityQueue:
         self._counter = itertools.count()
 
     def add(self, request: Request) -> None:
-        heapq.heappush(self._heap, (request.priority, request.arrival_time, next(self._counter), request))
+        heapq.heappush(
+            self._heap, (request.priority, request.arrival_time, next(self._counter), request)
+        )
 
     prepend = add  # a preempted request keeps its place by (priority, arrival)
 

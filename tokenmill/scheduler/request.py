@@ -59,7 +59,9 @@ class Request:
 
         params = sampling_params
         remaining = max_model_len - len(prompt_token_ids)
-        self.max_tokens = min(params.max_tokens, remaining) if params.max_tokens is not None else remaining
+        self.max_tokens = (
+            min(params.max_tokens, remaining) if params.max_tokens is not None else remaining
+        )
         self.eos_token_ids = [] if params.ignore_eos else list(eos_token_ids)
         self.stop_token_ids = set(params.stop_token_ids or []) | set(self.eos_token_ids)
         self.generator: torch.Generator | None = None

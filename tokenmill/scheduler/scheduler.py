@@ -44,7 +44,9 @@ class ModelRunnerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager, max_model_len: int) -> None:
+    def __init__(
+        self, config: SchedulerConfig, kv_manager: KVCacheManager, max_model_len: int
+    ) -> None:
         self.config = config
         self.kv = kv_manager
         self.max_model_len = max_model_len
@@ -155,7 +157,9 @@ class Scheduler:
         refund = scheduled.pop(request.request_id, None)
         return refund.num_new_tokens if refund else 0
 
-    def update_from_output(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+    def update_from_output(
+        self, sched: SchedulerOutput, result: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
         outputs = []
         for sr in sched.scheduled:
             request = sr.request

@@ -85,7 +85,9 @@ class TorchSDPABackend(AttentionBackend):
             out[s : s + n] = self._chunk(q[s : s + n], k[s : s + n], v[s : s + n], kv_cache, chunk)
         return out
 
-    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def _decode(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         nd, nkv, hd = q.shape[0], self.num_kv_heads, self.head_dim
         length = meta.decode_max_blocks * self.block_size
         keys = kv_cache[0].index_select(0, meta.decode_block_ids).view(nd, length, nkv, hd)
@@ -93,7 +95,11 @@ class TorchSDPABackend(AttentionBackend):
         # Query heads of one KV group become the "query length" axis: no K/V expansion.
         qg = q.view(nd, nkv, self.num_heads // nkv, hd)
         o = F.scaled_dot_product_attention(
-            qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=meta.decode_mask, scale=self.scale
+            qg,
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=meta.decode_mask,
+            scale=self.scale,
         )
         return o.reshape(nd, self.num_heads * hd)
 
@@ -102,8 +108,12 @@ class TorchSDPABackend(AttentionBackend):
         if chunk.context_len == chunk.query_len:  # nothing cached before: attend to itself
             keys, values = k, v
         else:
-            keys = kv_cache[0].index_select(0, chunk.block_ids).view(-1, nkv, hd)[: chunk.context_len]
-            values = kv_cache[1].index_select(0, chunk.block_ids).view(-1, nkv, hd)[: chunk.context_len]
+            keys = (
+                kv_cache[0].index_select(0, chunk.block_ids).view(-1, nkv, hd)[: chunk.context_len]
+            )
+            values = (
+                kv_cache[1].index_select(0, chunk.block_ids).view(-1, nkv, hd)[: chunk.context_len]
+            )
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
             keys.transpose(0, 1).unsqueeze(0),
@@ -123,4 +133,6 @@ def get_attention_backend(name: str) -> type[AttentionBackend]:
     try:
         return ATTENTION_BACKENDS[name]
     except KeyError:
-        raise ValueError(f"unknown attention backend {name!r}; known: {sorted(ATTENTION_BACKENDS)}") from None
+        raise ValueError(
+            f"unknown attention backend {name!r}; known: {sorted(ATTENTION_BACKENDS)}"
+        ) from None

@@ -20,7 +20,9 @@ class ModelInput:
     query_starts: list[int]  # row of each request's first token in the flat batch
 
 
-def build_model_input(scheduled: list[ScheduledRequest], block_size: int, sliding_window: int | None) -> ModelInput:
+def build_model_input(
+    scheduled: list[ScheduledRequest], block_size: int, sliding_window: int | None
+) -> ModelInput:
     decodes = [sr for sr in scheduled if sr.num_new_tokens == 1]
     chunks = [sr for sr in scheduled if sr.num_new_tokens > 1]
     ordered = decodes + chunks
@@ -35,9 +37,13 @@ def build_model_input(scheduled: list[ScheduledRequest], block_size: int, slidin
     decode_block_ids = decode_mask = None
     max_blocks = 0
     if nd:
-        positions = np.fromiter((sr.request.num_computed_tokens for sr in decodes), dtype=np.int64, count=nd)
+        positions = np.fromiter(
+            (sr.request.num_computed_tokens for sr in decodes), dtype=np.int64, count=nd
+        )
         tokens = np.fromiter(
-            (sr.request.all_token_ids[sr.request.num_computed_tokens] for sr in decodes), dtype=np.int64, count=nd
+            (sr.request.all_token_ids[sr.request.num_computed_tokens] for sr in decodes),
+            dtype=np.int64,
+            count=nd,
         )
         max_blocks = max(len(sr.block_ids) for sr in decodes)
         table = np.zeros((nd, max_blocks), dtype=np.int64)
@@ -54,7 +60,9 @@ def build_model_input(scheduled: list[ScheduledRequest], block_size: int, slidin
         visible = key_pos[None, :] < seq_lens[:, None]
         if sliding_window is not None:
             visible &= key_pos[None, :] >= (seq_lens[:, None] - sliding_window)
-        decode_mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(~visible, float("-inf"))
+        decode_mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(
+            ~visible, float("-inf")
+        )
         decode_mask = decode_mask.view(nd, 1, 1, -1)
         decode_block_ids = torch.from_numpy(table.reshape(-1))
 
@@ -77,7 +85,9 @@ def build_model_input(scheduled: list[ScheduledRequest], block_size: int, slidin
             if sliding_window is not None:
                 mask &= k_pos > q_pos - sliding_window
         n_blocks = -(-context_len // block_size)
-        chunk_meta.append(ChunkAttention(start, n, context_len, torch.from_numpy(table[:n_blocks]), mask))
+        chunk_meta.append(
+            ChunkAttention(start, n, context_len, torch.from_numpy(table[:n_blocks]), mask)
+        )
         query_starts.append(start)
         start += n
 

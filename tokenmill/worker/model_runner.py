@@ -39,13 +39,18 @@ class ModelRunner:
         self.attn: AttentionBackend = get_attention_backend(attention_backend)(
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, block_size
         )
-        self.kv_caches = [self.attn.allocate_kv_cache(num_blocks, kv_dtype, device) for _ in range(cfg.num_hidden_layers)]
+        self.kv_caches = [
+            self.attn.allocate_kv_cache(num_blocks, kv_dtype, device)
+            for _ in range(cfg.num_hidden_layers)
+        ]
         self.sampler = Sampler()
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         inp = build_model_input(sched.scheduled, self.block_size, self.model.config.sliding_window)
-        hidden = self.model.forward(inp.input_ids, inp.positions, self.kv_caches, self.attn, inp.attn_metadata)
+        hidden = self.model.forward(
+            inp.input_ids, inp.positions, self.kv_caches, self.attn, inp.attn_metadata
+        )
 
         sample_rows: list[int] = []
         sample_reqs: list[Request] = []
@@ -76,7 +81,9 @@ class ModelRunner:
     def _prompt_logprobs(self, hidden: torch.Tensor, req: Request) -> list[PositionLogprobs]:
         """Logprobs of the prompt tokens that follow each position of this chunk."""
         first = req.num_computed_tokens
-        last = min(first + hidden.shape[0], req.num_prompt_tokens - 1)  # positions with a next prompt token
+        last = min(
+            first + hidden.shape[0], req.num_prompt_tokens - 1
+        )  # positions with a next prompt token
         k = req.sampling_params.prompt_logprobs or 0
         result: list[PositionLogprobs] = []
         for s in range(max(first, req.prompt_logprobs_upto), last, _PROMPT_LOGPROBS_SLICE):
@@ -90,4 +97,8 @@ class ModelRunner:
 
 
 def _position(t: LogprobsTensors, row: int, k: int) -> PositionLogprobs:
-    return (t.token_ids[row, : k + 1].tolist(), t.logprobs[row, : k + 1].tolist(), int(t.sampled_ranks[row]))
+    return (
+        t.token_ids[row, : k + 1].tolist(),
+        t.logprobs[row, : k + 1].tolist(),
+        int(t.sampled_ranks[row]),
+    )
