@@ -17,6 +17,12 @@
 #                     (default: the repo's .venv/bin/python if present, else python3)
 #   JOBS              parallel build jobs (default: 2)
 #   KEEP_BUILD=1      keep the unpacked sources and build tree under the cache dir
+#   LLAMA_CPP_AMX     auto (default) | on | off. GGML_NATIVE=ON compiles Intel AMX
+#                     kernels when the CPU advertises AMX, but some VMs (e.g. this
+#                     project's Firecracker machines) advertise AMX yet fault with
+#                     SIGILL on tile instructions (llama-bench dies on Q4_0/Q4_1/Q8_0
+#                     models). auto runs a tiny probe and builds with -mno-amx-* if
+#                     AMX does not actually work.
 set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
@@ -43,13 +49,14 @@ for arg in "$@"; do
     case "${arg}" in
         --print-bin-dir) echo "${BIN_DIR}"; exit 0 ;;
         --force) force=1 ;;
-        -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: ${arg}" >&2; exit 2 ;;
     esac
 done
 
 all_built() {
     local t
+    [[ -f "${CACHE_DIR}/BUILD_INFO" ]] || return 1
     for t in "${TARGETS[@]}"; do
         [[ -x "${BIN_DIR}/${t}" ]] || return 1
     done
@@ -85,6 +92,42 @@ SRC_DIR="${WORK_DIR}/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.c
 [[ -f "${SRC_DIR}/CMakeLists.txt" ]] || { echo "error: no vendor/llama.cpp in sdist" >&2; exit 1; }
 
 BUILD_DIR="${WORK_DIR}/build"
+
+# Does -march=native turn AMX on, and does AMX really run here?
+amx_mode="${LLAMA_CPP_AMX:-auto}"
+EXTRA_FLAGS=""
+native_macros="$(echo | c++ -march=native -dM -E -x c++ - 2>/dev/null || true)"
+if [[ "${amx_mode}" != "on" && "${native_macros}" == *__AMX_TILE__* ]]; then
+    amx_ok=0
+    if [[ "${amx_mode}" == "auto" ]]; then
+        cat > "${WORK_DIR}/amxprobe.c" <<'EOF'
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <immintrin.h>
+int main(void) {
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 2;
+    struct { uint8_t palette, start_row, rsv[14]; uint16_t colsb[16]; uint8_t rows[16]; }
+        __attribute__((packed)) cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1; cfg.colsb[0] = 64; cfg.rows[0] = 16;
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_release();
+    return 0;
+}
+EOF
+        if c++ -O1 -march=native -x c "${WORK_DIR}/amxprobe.c" -o "${WORK_DIR}/amxprobe" >/dev/null 2>&1 \
+            && ( "${WORK_DIR}/amxprobe" ) >/dev/null 2>&1; then
+            amx_ok=1
+        fi
+    fi
+    if [[ ${amx_ok} -eq 0 ]]; then
+        echo "== AMX advertised but not usable here (LLAMA_CPP_AMX=${amx_mode}): building with -mno-amx-*" >&2
+        EXTRA_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    fi
+fi
 GENERATOR=()
 if command -v ninja >/dev/null 2>&1; then
     GENERATOR=(-G Ninja)
@@ -106,7 +149,10 @@ nice -n 10 cmake -S "${SRC_DIR}" -B "${BUILD_DIR}" "${GENERATOR[@]}" \
     -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF \
     -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_CURL=OFF >&2
+    -DLLAMA_CURL=OFF \
+    -DGGML_CCACHE=OFF \
+    -DCMAKE_C_FLAGS="${EXTRA_FLAGS}" \
+    -DCMAKE_CXX_FLAGS="${EXTRA_FLAGS}" >&2
 
 echo "== building ${TARGETS[*]} with -j${JOBS}" >&2
 nice -n 10 cmake --build "${BUILD_DIR}" --config Release -j"${JOBS}" \
@@ -116,7 +162,7 @@ mkdir -p "${BIN_DIR}"
 for t in "${TARGETS[@]}"; do
     cp -f "${BUILD_DIR}/bin/${t}" "${BIN_DIR}/${t}"
 done
-echo "llama-cpp-python ${LLAMA_CPP_PYTHON_VERSION} (vendored llama.cpp), built $(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+echo "llama-cpp-python ${LLAMA_CPP_PYTHON_VERSION} (vendored llama.cpp), built $(date -u +%Y-%m-%dT%H:%M:%SZ), extra flags: '${EXTRA_FLAGS}'" \
     > "${CACHE_DIR}/BUILD_INFO"
 
 all_built || { echo "error: some binaries are missing in ${BIN_DIR}" >&2; exit 1; }

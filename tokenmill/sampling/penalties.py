@@ -26,7 +26,7 @@ def apply_penalties(
     vocab = logits.shape[1]
     output_counts = token_counts(output_token_ids, vocab)
     if (repetition_penalty != 1.0).any():
-        seen = token_counts(prompt_token_ids, vocab).gt_(0) | output_counts.gt(0)
+        seen = token_counts(prompt_token_ids, vocab).gt(0) | output_counts.gt(0)
         rep = repetition_penalty.unsqueeze(1).expand_as(logits)
         penalized = torch.where(logits > 0, logits / rep, logits * rep)
         logits = torch.where(seen, penalized, logits)

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    from tests.tiny_models import make_hf_model, save_hf_folder
+
+    return save_hf_folder(make_hf_model("llama"), tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def embedded_llm():
+    """The embedded SmolLM2-135M, shared by the tests that need the real model."""
+    from tokenmill import LLM
+
+    return LLM(kv_cache_memory_gib=0.5)
