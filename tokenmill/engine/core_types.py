@@ -30,6 +30,8 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    # monotonic clock (system-wide) when the request was first scheduled; for queue-time metrics
+    first_scheduled_time: float | None = None
 
     @property
     def finished(self) -> bool:

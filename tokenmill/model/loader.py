@@ -41,16 +41,18 @@ def resolve_model_path(model: str | None) -> tuple[str, Path]:
     return name, path
 
 
-def load_model_files(model: str | None) -> ModelFiles:
+def load_model_files(model: str | None, with_weights: bool = True) -> ModelFiles:
+    """Reads a model; `with_weights=False` reads only what a front end needs (tokenizer,
+    chat template, architecture), which is fast."""
     name, path = resolve_model_path(model)
     if path.is_file() and path.suffix == ".gguf":
-        return _load_gguf(name, path)
+        return _load_gguf(name, path, with_weights)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         if (path / "config.json").exists():
-            return _load_hf_folder(name, path)
+            return _load_hf_folder(name, path, with_weights)
         if len(ggufs) == 1:
-            return _load_gguf(name, ggufs[0])
+            return _load_gguf(name, ggufs[0], with_weights)
     raise ValueError(
         f"{path}: expected a .gguf file or a folder with config.json and *.safetensors"
     )
@@ -107,7 +109,7 @@ def dequantize_tensor(tensor) -> np.ndarray:
     return data.reshape(shape)
 
 
-def _load_gguf(name: str, path: Path) -> ModelFiles:
+def _load_gguf(name: str, path: Path, with_weights: bool) -> ModelFiles:
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
@@ -122,7 +124,7 @@ def _load_gguf(name: str, path: Path) -> ModelFiles:
     permuted = meta["general.architecture"] in ("llama", "mistral")
     weights: dict[str, torch.Tensor] = {}
     rope_freq_factors = None
-    for tname, tensor in tensors.items():
+    for tname, tensor in tensors.items() if with_weights else ():
         data = dequantize_tensor(tensor)
         if tname == "rope_freqs.weight":
             rope_freq_factors = torch.from_numpy(data.copy())
@@ -156,7 +158,7 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _load_hf_folder(name: str, path: Path) -> ModelFiles:
+def _load_hf_folder(name: str, path: Path, with_weights: bool) -> ModelFiles:
     from safetensors.torch import load_file
 
     config = _read_json(path / "config.json")
@@ -165,7 +167,7 @@ def _load_hf_folder(name: str, path: Path) -> ModelFiles:
     if not files:
         raise ValueError(f"{path}: no *.safetensors files")
     weights: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in files if with_weights else ():
         for key, value in load_file(str(f)).items():
             weights[key] = value.float()
     if not (path / "tokenizer.json").exists():

@@ -1,0 +1,179 @@
+"""`tokenmill` command line: serve, generate, chat (and more as the platform grows)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Iterator
+
+from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="GGUF file or HF folder (default: embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--quantization", choices=["int8"], default=None, help="weight quantization at load time")
+    g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    g.add_argument("--kv-cache-memory", type=float, default=2.0, metavar="GIB", help="KV cache budget in GiB")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    g.add_argument("--no-chunked-prefill", action="store_true", help="schedule whole prompts only")
+    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    g.add_argument("--num-threads", type=int, default=None, help="torch threads (default: all cores)")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return dict(
+        quantization=args.quantization,
+        max_model_len=args.max_model_len,
+        kv_cache_memory_gib=args.kv_cache_memory,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        scheduling_policy=args.scheduling_policy,
+        num_threads=args.num_threads,
+        seed=args.seed,
+    )
+
+
+def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=max_tokens)
+    g.add_argument("--temperature", type=float, default=0.7)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--sampling-seed", type=int, default=None, help="per-request seed (reproducible sampling)")
+    g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.sampling_seed,
+        stop=args.stop,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def stream_text(engine, prompt, params: SamplingParams) -> Iterator[str]:
+    """Yields text deltas of one request as the engine produces them."""
+    rid = engine.new_request_id()
+    engine.add_request(rid, prompt, params)
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.request_id == rid and out.outputs[0].text:
+                    yield out.outputs[0].text
+    finally:
+        engine.abort_request(rid)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from tokenmill.engine.llm import LLM
+
+    llm = LLM(args.model, **engine_kwargs(args))
+    params = sampling_params(args)
+    prompt = args.prompt
+    if args.chat:
+        text = llm.engine.processor.render_chat([{"role": "user", "content": prompt}])
+        prompt = {"prompt": text, "prompt_token_ids": llm.get_tokenizer().encode(text, add_special_tokens=False)}
+    for piece in stream_text(llm.engine, prompt, params):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from tokenmill.engine.llm import LLM
+
+    llm = LLM(args.model, **engine_kwargs(args))
+    tok = llm.get_tokenizer()
+    params = sampling_params(args)
+    history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"tokenmill chat with {llm.engine.core.model_name} — /reset clears, /exit or Ctrl-D quits")
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            break
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            break
+        if line == "/reset":
+            history = history[:1] if args.system else []
+            continue
+        history.append({"role": "user", "content": line})
+        text = llm.engine.processor.render_chat(history)
+        prompt = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+        reply = []
+        try:
+            for piece in stream_text(llm.engine, prompt, params):
+                reply.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except ValueError as e:  # e.g. the conversation outgrew the context
+            print(f"\n[error] {e}")
+            history.pop()
+            continue
+        sys.stdout.write("\n")
+        history.append({"role": "assistant", "content": "".join(reply)})
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenmill", description="LLM inference platform")
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate a completion for one prompt (streams)")
+    gen.add_argument("prompt")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template as a user turn")
+    add_engine_args(gen)
+    add_sampling_args(gen, max_tokens=128)
+    gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="interactive chat in the terminal (streams)")
+    chat.add_argument("--system", default=None, help="system prompt")
+    add_engine_args(chat)
+    add_sampling_args(chat, max_tokens=512)
+    chat.set_defaults(func=cmd_chat)
+
+    try:
+        from tokenmill.server.cli import add_serve_parser
+    except ImportError:
+        pass
+    else:
+        add_serve_parser(sub, add_engine_args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args) or 0
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""API-process side of the engine core: starts the core process and talks to it over ZMQ."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import tempfile
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from tokenmill.config import EngineConfig
+from tokenmill.engine.core_proc import run_engine_core
+from tokenmill.engine.core_types import EngineCoreOutputs, EngineCoreRequest
+from tokenmill.engine.serialization import decode_outputs, encode_request, pack, unpack
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine-core process is gone; in-flight and new requests fail."""
+
+
+class EngineCoreClient:
+    def __init__(self, config: EngineConfig, log_level: str = "INFO") -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="tokenmill-")
+        input_addr = f"ipc://{self._dir.name}/input"
+        output_addr = f"ipc://{self._dir.name}/output"
+        self.ctx = zmq.asyncio.Context()
+        self.input = self.ctx.socket(zmq.PUSH)
+        self.input.bind(input_addr)
+        self.output = self.ctx.socket(zmq.PULL)
+        self.output.bind(output_addr)
+        self.proc = mp.get_context("spawn").Process(
+            target=run_engine_core,
+            args=(config, input_addr, output_addr, log_level),
+            name="tokenmill-engine-core",
+            daemon=True,
+        )
+        self.proc.start()
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    async def wait_ready(self, timeout: float = 600.0) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            if await self.output.poll(200):
+                kind, payload = await self.output.recv_multipart()
+                if kind == b"READY":
+                    return unpack(payload)
+                if kind == b"ERROR":
+                    raise EngineDeadError(f"engine core failed to start:\n{payload.decode()}")
+            elif not self.alive:
+                raise EngineDeadError(f"engine core exited during start-up (exit code {self.proc.exitcode})")
+        raise EngineDeadError("engine core did not become ready in time")
+
+    async def add_requests(self, reqs: list[EngineCoreRequest]) -> None:
+        for req in reqs:
+            await self.input.send_multipart([b"ADD", encode_request(req)])
+
+    async def abort(self, request_ids: list[str]) -> None:
+        if request_ids and self.alive:
+            await self.input.send_multipart([b"ABORT", pack(request_ids)])
+
+    async def call(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
+        """A utility call answered by the core loop (results come back through recv())."""
+        call_id = next(self._call_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = fut
+        await self.input.send_multipart([b"UTIL", pack([call_id, method, list(args)])])
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._calls.pop(call_id, None)
+
+    async def recv(self, timeout_ms: int = 200) -> EngineCoreOutputs | None:
+        """The next batch of outputs, or None if nothing arrived within the timeout."""
+        if not await self.output.poll(timeout_ms):
+            return None
+        kind, payload = await self.output.recv_multipart()
+        if kind == b"OUT":
+            return decode_outputs(payload)
+        if kind == b"UTIL":
+            call_id, ok, result = unpack(payload)
+            fut = self._calls.get(call_id)
+            if fut is not None and not fut.done():
+                fut.set_result(result) if ok else fut.set_exception(RuntimeError(result))
+        return None
+
+    def fail_pending_calls(self, error: Exception) -> None:
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(error)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        if self.proc.is_alive():
+            self.proc.terminate()  # the core exits at once on SIGTERM
+            self.proc.join(timeout)
+        if self.proc.is_alive():
+            os.kill(self.proc.pid, 9)
+        self.input.close(linger=0)
+        self.output.close(linger=0)
+        self.ctx.term()
+        self._dir.cleanup()

@@ -1,0 +1,127 @@
+"""The engine core in its own process, driven over ZMQ (PUSH/PULL, msgpack frames).
+
+Input frames:  [b"ADD", request] · [b"ABORT", ids] · [b"UTIL", [call_id, method, args]]
+Output frames: [b"READY", info] · [b"OUT", outputs] · [b"UTIL", [call_id, ok, result]] · [b"ERROR", text]
+The loop steps while there is work and blocks on its input socket when idle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import traceback
+from typing import Any
+
+import zmq
+
+from tokenmill.config import EngineConfig
+from tokenmill.engine.core import EngineCore, QueueFullError
+from tokenmill.engine.core_types import EngineCoreOutput, EngineCoreOutputs
+from tokenmill.engine.serialization import decode_request, encode_outputs, pack, unpack
+
+logger = logging.getLogger(__name__)
+
+_IDLE_POLL_MS = 500  # idle wake-up, to publish fresh stats
+
+
+class EngineCoreProc:
+    def __init__(self, core: EngineCore, input_addr: str, output_addr: str) -> None:
+        self.core = core
+        self.ctx = zmq.Context()
+        self.input = self.ctx.socket(zmq.PULL)
+        self.input.connect(input_addr)
+        self.output = self.ctx.socket(zmq.PUSH)
+        self.output.connect(output_addr)
+        self.rejected: list[EngineCoreOutput] = []
+
+    def send_ready(self) -> None:
+        core = self.core
+        info = {
+            "max_model_len": core.max_model_len,
+            "num_blocks": core.num_blocks,
+            "block_size": core.kv_manager.block_size,
+            "vocab_size": core.vocab_size,
+            "model_name": core.model_name,
+            "pid": os.getpid(),
+        }
+        self.output.send_multipart([b"READY", pack(info)])
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.input, zmq.POLLIN)
+        last_stats = 0.0
+        while True:
+            busy = self.core.has_unfinished_requests()
+            events = dict(poller.poll(0 if busy else _IDLE_POLL_MS))
+            while events.get(self.input):
+                if not self._handle(self.input.recv_multipart()):
+                    return
+                events = dict(poller.poll(0))
+            if self.core.has_unfinished_requests() or self.rejected:
+                outs = self.core.step() if self.core.has_unfinished_requests() else EngineCoreOutputs()
+                outs.outputs = self.rejected + outs.outputs
+                self.rejected = []
+                self.output.send_multipart([b"OUT", encode_outputs(outs)])
+                last_stats = time.monotonic()
+            elif time.monotonic() - last_stats > _IDLE_POLL_MS / 1000:
+                stats = EngineCoreOutputs(stats=self.core.scheduler.stats())
+                self.output.send_multipart([b"OUT", encode_outputs(stats)])
+                last_stats = time.monotonic()
+
+    def _handle(self, frames: list[bytes]) -> bool:
+        kind, payload = frames[0], frames[1]
+        if kind == b"ADD":
+            req = decode_request(payload)
+            try:
+                self.core.add_request(req)
+            except (ValueError, QueueFullError) as e:
+                # The API validates first; this is the last line. Reply as a finished request.
+                self.rejected.append(EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=str(e)))
+        elif kind == b"ABORT":
+            self.core.abort_requests(unpack(payload))
+        elif kind == b"UTIL":
+            call_id, method, args = unpack(payload)
+            try:
+                result = self._utility(method, args)
+                self.output.send_multipart([b"UTIL", pack([call_id, True, result])])
+            except Exception as e:  # reported to the caller, the loop goes on
+                self.output.send_multipart([b"UTIL", pack([call_id, False, f"{type(e).__name__}: {e}"])])
+        elif kind == b"SHUTDOWN":
+            return False
+        return True
+
+    def _utility(self, method: str, args: list[Any]) -> Any:
+        if method == "ping":
+            return "pong"
+        if method == "stats":
+            s = self.core.scheduler.stats()
+            return [s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage]
+        if method == "check_invariants":
+            self.core.check_invariants()
+            return True
+        raise ValueError(f"unknown utility method {method!r}")
+
+
+def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, log_level: str = "INFO") -> None:
+    """Process entry point."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s engine-core: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when to stop
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    proc = None
+    try:
+        core = EngineCore(config)
+        proc = EngineCoreProc(core, input_addr, output_addr)
+        proc.send_ready()
+        proc.run()
+    except Exception:
+        text = traceback.format_exc()
+        logger.error("engine core failed:\n%s", text)
+        if proc is None:  # report start-up failures to the API process
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.PUSH)
+            sock.connect(output_addr)
+            sock.send_multipart([b"ERROR", text.encode()])
+            sock.close(linger=2000)
+        raise SystemExit(1) from None

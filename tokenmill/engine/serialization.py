@@ -1,0 +1,75 @@
+"""msgpack encoding of the messages that cross the API <-> engine-core process boundary."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+
+from tokenmill.engine.core_types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+
+_PARAM_FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
+_OUTPUT_FIELDS = [f.name for f in dataclasses.fields(EngineCoreOutput)]
+_STATS_FIELDS = [f.name for f in dataclasses.fields(SchedulerStats)]
+
+
+def _params_to_list(p: SamplingParams) -> list[Any]:
+    values = []
+    for name in _PARAM_FIELDS:
+        v = getattr(p, name)
+        if isinstance(v, RequestOutputKind):
+            v = v.value
+        elif name == "logit_bias" and v is not None:
+            v = [[k, b] for k, b in v.items()]
+        values.append(v)
+    return values
+
+
+def _params_from_list(values: list[Any]) -> SamplingParams:
+    kw = dict(zip(_PARAM_FIELDS, values, strict=True))
+    kw["output_kind"] = RequestOutputKind(kw["output_kind"])
+    if kw.get("logit_bias") is not None:
+        kw["logit_bias"] = {int(k): float(b) for k, b in kw["logit_bias"]}
+    return SamplingParams(**kw)
+
+
+def encode_request(req: EngineCoreRequest) -> bytes:
+    return msgpack.packb(
+        [req.request_id, req.prompt_token_ids, _params_to_list(req.sampling_params), req.arrival_time, req.priority]
+    )
+
+
+def decode_request(data: bytes) -> EngineCoreRequest:
+    rid, ids, params, arrival, priority = msgpack.unpackb(data, strict_map_key=False)
+    return EngineCoreRequest(rid, ids, _params_from_list(params), arrival, priority)
+
+
+def encode_outputs(outs: EngineCoreOutputs) -> bytes:
+    return msgpack.packb(
+        [
+            [[getattr(o, name) for name in _OUTPUT_FIELDS] for o in outs.outputs],
+            [getattr(outs.stats, name) for name in _STATS_FIELDS],
+        ]
+    )
+
+
+def decode_outputs(data: bytes) -> EngineCoreOutputs:
+    outputs, stats = msgpack.unpackb(data, strict_map_key=False)
+    decoded = []
+    for values in outputs:
+        kw = dict(zip(_OUTPUT_FIELDS, values, strict=True))
+        for key in ("new_logprobs", "prompt_logprobs"):
+            if kw[key] is not None:
+                kw[key] = [tuple(entry) for entry in kw[key]]
+        decoded.append(EngineCoreOutput(**kw))
+    return EngineCoreOutputs(decoded, SchedulerStats(**dict(zip(_STATS_FIELDS, stats, strict=True))))
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj)
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, strict_map_key=False)

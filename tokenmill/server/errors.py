@@ -1,0 +1,54 @@
+"""The OpenAI error envelope: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*): ")
+
+
+def from_value_error(err: ValueError, param_map: dict[str, str] | None = None) -> APIError:
+    """Engine validation errors read "<field>: <reason>"; the field becomes `param`."""
+    message = str(err)
+    match = _FIELD_PREFIX.match(message)
+    param = match.group(1) if match else None
+    if param and param_map:
+        param = param_map.get(param, param)
+    return bad_request(message, param)

@@ -1,0 +1,73 @@
+"""Prometheus metrics, named after vLLM's (prefix `tokenmill:`)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from tokenmill.engine.async_llm import RequestTiming
+from tokenmill.engine.core_types import SchedulerStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+
+
+class ServerMetrics:
+    """Implements the engine's StatsObserver and exposes everything on /metrics."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+        self.running = Gauge("tokenmill:num_requests_running", "Sequences running in the engine", labels, registry=r)
+        self.waiting = Gauge("tokenmill:num_requests_waiting", "Sequences waiting to be scheduled", labels, registry=r)
+        self.kv_usage = Gauge("tokenmill:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)", labels, registry=r)
+        self.preemptions = Counter("tokenmill:num_preemptions", "Preemptions (recompute)", labels, registry=r)
+        self.prefix_queries = Counter("tokenmill:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", labels, registry=r)
+        self.prefix_hits = Counter("tokenmill:prefix_cache_hits", "Prompt tokens found in the prefix cache", labels, registry=r)
+        self.prompt_tokens = Counter("tokenmill:prompt_tokens", "Prompt tokens processed", labels, registry=r)
+        self.generation_tokens = Counter("tokenmill:generation_tokens", "Tokens generated", labels, registry=r)
+        self.request_success = Counter(
+            "tokenmill:request_success", "Finished requests by finish reason", [*labels, "finished_reason"], registry=r
+        )
+        self.ttft = Histogram("tokenmill:time_to_first_token_seconds", "Time to first token", labels, buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("tokenmill:inter_token_latency_seconds", "Time between tokens", labels, buckets=_ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("tokenmill:e2e_request_latency_seconds", "Request latency", labels, buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("tokenmill:request_queue_time_seconds", "Time waiting before first scheduled", labels, buckets=_LATENCY_BUCKETS, registry=r)
+        self.model = model_name
+        self._last = SchedulerStats()
+
+    def on_scheduler_stats(self, stats: SchedulerStats) -> None:
+        m = self.model
+        self.running.labels(m).set(stats.num_running_reqs)
+        self.waiting.labels(m).set(stats.num_waiting_reqs)
+        self.kv_usage.labels(m).set(stats.kv_cache_usage)
+        for counter, now, before in (
+            (self.preemptions, stats.num_preemptions, self._last.num_preemptions),
+            (self.prefix_queries, stats.prefix_cache_queries, self._last.prefix_cache_queries),
+            (self.prefix_hits, stats.prefix_cache_hits, self._last.prefix_cache_hits),
+        ):
+            if now > before:
+                counter.labels(m).inc(now - before)
+        self._last = stats
+
+    def on_tokens(self, timing: RequestTiming, new_tokens: int, now: float) -> None:
+        m = self.model
+        self.generation_tokens.labels(m).inc(new_tokens)
+        if timing.first_token is None:
+            self.ttft.labels(m).observe(now - timing.arrival)
+            self.prompt_tokens.labels(m).inc(timing.num_prompt_tokens)
+            if timing.first_scheduled is not None:
+                self.queue_time.labels(m).observe(max(0.0, timing.first_scheduled - timing.arrival))
+        elif timing.last_token is not None:
+            gap = (now - timing.last_token) / new_tokens
+            for _ in range(new_tokens):
+                self.itl.labels(m).observe(gap)
+
+    def on_finished(self, timing: RequestTiming, finish_reasons: list[str | None], now: float) -> None:
+        m = self.model
+        self.e2e.labels(m).observe(now - timing.arrival)
+        for reason in finish_reasons:
+            self.request_success.labels(m, reason or "abort").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,137 @@
+"""Request bodies of the OpenAI-compatible API (pydantic, strict types), plus vLLM-style extensions."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+
+
+class APIModel(BaseModel):
+    # Strict: "0.5" is not a number and "yes" is not a boolean. Unknown fields are ignored,
+    # as the OpenAI API does for fields it does not know.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(APIModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class TextContentPart(APIModel):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(APIModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(APIModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(APIModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str | None:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content
+
+    def to_template_dict(self) -> dict[str, Any]:
+        role = "system" if self.role == "developer" else self.role
+        out: dict[str, Any] = {"role": role, "content": self.text() or ""}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [tc.model_dump() for tc in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+StopType = str | Annotated[list[str], Field(max_length=16)] | None
+
+
+class SamplingFields(APIModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    stop: StopType = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # extensions (as vLLM)
+    top_k: int = Field(0, ge=-1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0, le=10)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    priority: int = 0
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        for key, value in v.items():
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"values must be in [-100, 100], got {value}")
+        return v
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # extensions
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | Annotated[list[str], Field(min_length=1)] | Annotated[list[list[int]], Field(min_length=1)]
+    suffix: str | None = None
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
+
+
+class TokenizeRequest(APIModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(APIModel):
+    model: str | None = None
+    tokens: list[int]
