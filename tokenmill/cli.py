@@ -12,16 +12,28 @@ from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="GGUF file or HF folder (default: embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--quantization", choices=["int8"], default=None, help="weight quantization at load time")
-    g.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    g.add_argument("--kv-cache-memory", type=float, default=2.0, metavar="GIB", help="KV cache budget in GiB")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="GGUF file or HF folder (default: embedded SmolLM2-135M-Instruct)",
+    )
+    g.add_argument(
+        "--quantization", choices=["int8"], default=None, help="weight quantization at load time"
+    )
+    g.add_argument(
+        "--max-model-len", type=int, default=None, help="context length (default: the model's)"
+    )
+    g.add_argument(
+        "--kv-cache-memory", type=float, default=2.0, metavar="GIB", help="KV cache budget in GiB"
+    )
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     g.add_argument("--no-chunked-prefill", action="store_true", help="schedule whole prompts only")
     g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
-    g.add_argument("--num-threads", type=int, default=None, help="torch threads (default: all cores)")
+    g.add_argument(
+        "--num-threads", type=int, default=None, help="torch threads (default: all cores)"
+    )
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -48,7 +60,9 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--min-p", type=float, default=0.0)
     g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--sampling-seed", type=int, default=None, help="per-request seed (reproducible sampling)")
+    g.add_argument(
+        "--sampling-seed", type=int, default=None, help="per-request seed (reproducible sampling)"
+    )
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
 
 
@@ -87,7 +101,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = args.prompt
     if args.chat:
         text = llm.engine.processor.render_chat([{"role": "user", "content": prompt}])
-        prompt = {"prompt": text, "prompt_token_ids": llm.get_tokenizer().encode(text, add_special_tokens=False)}
+        prompt = {
+            "prompt": text,
+            "prompt_token_ids": llm.get_tokenizer().encode(text, add_special_tokens=False),
+        }
     for piece in stream_text(llm.engine, prompt, params):
         sys.stdout.write(piece)
         sys.stdout.flush()
@@ -104,7 +121,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     interactive = sys.stdin.isatty()
     if interactive:
-        print(f"tokenmill chat with {llm.engine.core.model_name} — /reset clears, /exit or Ctrl-D quits")
+        print(
+            f"tokenmill chat with {llm.engine.core.model_name} — /reset clears, /exit or Ctrl-D quits"
+        )
     while True:
         try:
             line = input("> " if interactive else "")
@@ -143,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate a completion for one prompt (streams)")
     gen.add_argument("prompt")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template as a user turn")
+    gen.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the chat template as a user turn"
+    )
     add_engine_args(gen)
     add_sampling_args(gen, max_tokens=128)
     gen.set_defaults(func=cmd_generate)
@@ -165,7 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError) as e:

@@ -102,3 +102,33 @@ def test_abort_frees_blocks_mid_generation(tiny_llama_dir):
         engine.step()
         core.check_invariants()
     assert core.kv_manager.num_free_blocks == core.num_blocks
+
+
+def test_int8_batch_of_32_matches_alone(tiny_llama_dir):
+    """W8A8 stays batch-invariant: exact integer GEMMs (native kernel for few rows,
+    torch._int_mm for many) and per-row activation scales."""
+    prompts = mixed_prompts(32, seed=5)
+    alone_llm = LLM(
+        str(tiny_llama_dir), quantization="int8", kv_cache_memory_gib=0.1, max_num_seqs=1
+    )
+    alone = [run_checked(alone_llm, [p])[0] for p in prompts]
+    batched = LLM(
+        str(tiny_llama_dir), quantization="int8", kv_cache_memory_gib=0.1, max_num_seqs=32
+    )
+    assert run_checked(batched, prompts) == alone
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_pure_torch_fallback_matches_native_kernels(
+    tiny_llama_dir, reference, monkeypatch, quantization
+):
+    """Machines without a C compiler run the pure-torch path: same tokens."""
+    from tokenmill.kernels import ops
+
+    prompts, _ = reference
+    native = LLM(str(tiny_llama_dir), quantization=quantization, kv_cache_memory_gib=0.1)
+    expected = run_checked(native, prompts[:8])
+    monkeypatch.setattr(ops, "kernels_available", lambda: False)
+    fallback = LLM(str(tiny_llama_dir), quantization=quantization, kv_cache_memory_gib=0.1)
+    assert fallback.engine.core.runner.attn.name == "torch_sdpa"
+    assert run_checked(fallback, prompts[:8]) == expected

@@ -46,7 +46,9 @@ class StatsObserver(Protocol):
 
     def on_scheduler_stats(self, stats: SchedulerStats) -> None: ...
     def on_tokens(self, timing: RequestTiming, new_tokens: int, now: float) -> None: ...
-    def on_finished(self, timing: RequestTiming, finish_reasons: list[str | None], now: float) -> None: ...
+    def on_finished(
+        self, timing: RequestTiming, finish_reasons: list[str | None], now: float
+    ) -> None: ...
 
 
 class AsyncLLM:
@@ -74,15 +76,22 @@ class AsyncLLM:
         self._timing: dict[str, RequestTiming] = {}
         self._tasks: list[asyncio.Task] = []
         # Bound on sequences in flight (running + waiting); None: unbounded.
-        self.max_in_flight = None if max_queue_len is None else config.scheduler_config.max_num_seqs + max_queue_len
+        self.max_in_flight = (
+            None if max_queue_len is None else config.scheduler_config.max_num_seqs + max_queue_len
+        )
         self._num_sequences = 0
 
     async def start(self) -> None:
         info = await self.client.wait_ready()
         self.max_model_len = info["max_model_len"]
         self.engine_info = info
-        self.processor = InputProcessor(self.tokenizer, self.chat_template, self.max_model_len, info["vocab_size"])
-        self._tasks = [asyncio.create_task(self._output_loop()), asyncio.create_task(self._monitor())]
+        self.processor = InputProcessor(
+            self.tokenizer, self.chat_template, self.max_model_len, info["vocab_size"]
+        )
+        self._tasks = [
+            asyncio.create_task(self._output_loop()),
+            asyncio.create_task(self._monitor()),
+        ]
 
     @property
     def healthy(self) -> bool:
@@ -108,7 +117,9 @@ class AsyncLLM:
         assert self.processor is not None, "call start() first"
         self.processor.validate(prompt_token_ids, params)
         if self.max_in_flight is not None and self._num_sequences + params.n > self.max_in_flight:
-            raise QueueFullError(f"server busy: {self._num_sequences} sequences in flight (limit {self.max_in_flight})")
+            raise QueueFullError(
+                f"server busy: {self._num_sequences} sequences in flight (limit {self.max_in_flight})"
+            )
         child_ids = self.output_processor.add_request(request_id, prompt, prompt_token_ids, params)
         self._num_sequences += params.n
         queue: asyncio.Queue = asyncio.Queue()
@@ -118,7 +129,9 @@ class AsyncLLM:
         finished = False
         try:
             await self.client.add_requests(
-                self.processor.make_requests(request_id, prompt_token_ids, params, child_ids, now, priority)
+                self.processor.make_requests(
+                    request_id, prompt_token_ids, params, child_ids, now, priority
+                )
             )
             while True:
                 item = await queue.get()
@@ -128,7 +141,9 @@ class AsyncLLM:
                     finished = True
                     errors = [c for c in item.outputs if c.finish_reason == "error"]
                     if errors:
-                        raise RequestFailedError(str(errors[0].stop_reason or "the engine failed this request"))
+                        raise RequestFailedError(
+                            str(errors[0].stop_reason or "the engine failed this request")
+                        )
                 yield item
                 if finished:
                     return

@@ -10,6 +10,7 @@ import torch
 from tokenmill.config import EngineConfig
 from tokenmill.engine.core_types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from tokenmill.kv.manager import KVCacheManager, cdiv
+from tokenmill.model.linear import get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.loader import ModelFiles, load_model_files
 from tokenmill.scheduler.request import Request, RequestStatus
@@ -51,7 +52,7 @@ class EngineCore:
             arch,
             files.weights,
             max_positions=model_len,
-            quantization=config.model_config.quantization,
+            method=get_linear_method(config.model_config.quantization),
             rope_freq_factors=files.rope_freq_factors,
         )
         files.weights.clear()

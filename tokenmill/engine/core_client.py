@@ -60,7 +60,9 @@ class EngineCoreClient:
                 if kind == b"ERROR":
                     raise EngineDeadError(f"engine core failed to start:\n{payload.decode()}")
             elif not self.alive:
-                raise EngineDeadError(f"engine core exited during start-up (exit code {self.proc.exitcode})")
+                raise EngineDeadError(
+                    f"engine core exited during start-up (exit code {self.proc.exitcode})"
+                )
         raise EngineDeadError("engine core did not become ready in time")
 
     async def add_requests(self, reqs: list[EngineCoreRequest]) -> None:

@@ -60,7 +60,9 @@ class EngineCoreProc:
                     return
                 events = dict(poller.poll(0))
             if self.core.has_unfinished_requests() or self.rejected:
-                outs = self.core.step() if self.core.has_unfinished_requests() else EngineCoreOutputs()
+                outs = (
+                    self.core.step() if self.core.has_unfinished_requests() else EngineCoreOutputs()
+                )
                 outs.outputs = self.rejected + outs.outputs
                 self.rejected = []
                 self.output.send_multipart([b"OUT", encode_outputs(outs)])
@@ -78,7 +80,9 @@ class EngineCoreProc:
                 self.core.add_request(req)
             except (ValueError, QueueFullError) as e:
                 # The API validates first; this is the last line. Reply as a finished request.
-                self.rejected.append(EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=str(e)))
+                self.rejected.append(
+                    EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=str(e))
+                )
         elif kind == b"ABORT":
             self.core.abort_requests(unpack(payload))
         elif kind == b"UTIL":
@@ -87,7 +91,9 @@ class EngineCoreProc:
                 result = self._utility(method, args)
                 self.output.send_multipart([b"UTIL", pack([call_id, True, result])])
             except Exception as e:  # reported to the caller, the loop goes on
-                self.output.send_multipart([b"UTIL", pack([call_id, False, f"{type(e).__name__}: {e}"])])
+                self.output.send_multipart(
+                    [b"UTIL", pack([call_id, False, f"{type(e).__name__}: {e}"])]
+                )
         elif kind == b"SHUTDOWN":
             return False
         return True
@@ -104,9 +110,13 @@ class EngineCoreProc:
         raise ValueError(f"unknown utility method {method!r}")
 
 
-def run_engine_core(config: EngineConfig, input_addr: str, output_addr: str, log_level: str = "INFO") -> None:
+def run_engine_core(
+    config: EngineConfig, input_addr: str, output_addr: str, log_level: str = "INFO"
+) -> None:
     """Process entry point."""
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s engine-core: %(message)s")
+    logging.basicConfig(
+        level=log_level, format="%(asctime)s %(levelname)s engine-core: %(message)s"
+    )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when to stop
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     proc = None

@@ -7,7 +7,12 @@ from typing import Any
 
 import msgpack
 
-from tokenmill.engine.core_types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from tokenmill.engine.core_types import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    SchedulerStats,
+)
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
 _PARAM_FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
@@ -37,7 +42,13 @@ def _params_from_list(values: list[Any]) -> SamplingParams:
 
 def encode_request(req: EngineCoreRequest) -> bytes:
     return msgpack.packb(
-        [req.request_id, req.prompt_token_ids, _params_to_list(req.sampling_params), req.arrival_time, req.priority]
+        [
+            req.request_id,
+            req.prompt_token_ids,
+            _params_to_list(req.sampling_params),
+            req.arrival_time,
+            req.priority,
+        ]
     )
 
 
@@ -64,7 +75,9 @@ def decode_outputs(data: bytes) -> EngineCoreOutputs:
             if kw[key] is not None:
                 kw[key] = [tuple(entry) for entry in kw[key]]
         decoded.append(EngineCoreOutput(**kw))
-    return EngineCoreOutputs(decoded, SchedulerStats(**dict(zip(_STATS_FIELDS, stats, strict=True))))
+    return EngineCoreOutputs(
+        decoded, SchedulerStats(**dict(zip(_STATS_FIELDS, stats, strict=True)))
+    )
 
 
 def pack(obj: Any) -> bytes:

@@ -1,57 +1,128 @@
-"""Linear layers and how their weights are stored (the "linear method")."""
+"""How linear layers run: the float method (fp32 GEMM) or the int8 method (W8A8).
+
+A method owns the linear layers and the activation steps that feed them (RMSNorm, SiLU*up,
+quantization), so the int8 method can fuse "normalize then quantize" into one pass. Every
+step treats rows independently, so a sequence's numbers never depend on the rest of the
+batch: both methods are batch-invariant.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+from tokenmill.kernels import ops
+
+# Below this many rows the native int8 kernel beats torch._int_mm (oneDNN).
+_NATIVE_INT8_MAX_ROWS = 16
+
+QuantizedActivation = tuple[torch.Tensor, torch.Tensor]  # (int8 [M, K], scale [M, 1])
 
 
-class Linear:
-    """y = x @ W^T (+ b), with W kept transposed ([in, out], contiguous): on CPU this beats
-    F.linear for the skinny batches of decoding."""
+class FloatLinear:
+    """y = x @ W^T (+ b) (+ residual), W kept transposed ([in, out]): faster than F.linear
+    for the skinny batches of decoding."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.weight_t = weight.t().contiguous()
-        self.bias = bias
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight_t = weight.float().t().contiguous()
+        self.bias = bias.float().contiguous() if bias is not None else None
 
-    @property
-    def out_features(self) -> int:
-        return self.weight_t.shape[1]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.bias is not None:
-            return torch.addmm(self.bias, x, self.weight_t)
+            y = torch.addmm(self.bias, x, self.weight_t)
+            return y if residual is None else residual.add_(y)
+        if residual is not None:
+            return torch.addmm(residual, x, self.weight_t)
         return x @ self.weight_t
 
 
 class Int8Linear:
-    """W8A8: int8 weights per output channel, activations quantized per row at run time.
+    """int8 weights, one scale per output channel; activations arrive quantized per row.
+    Integer accumulation is exact, so the native kernel (few rows) and torch._int_mm (many
+    rows) give bit-identical results."""
 
-    Per-row (not per-tensor) activation scales keep each sequence's result independent
-    of what else is in the batch.
-    """
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, native: bool) -> None:
         weight = weight.float()
         self.weight_scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0).contiguous()
         q = torch.round(weight / self.weight_scale[:, None]).clamp_(-127, 127)
-        self.weight_t = q.to(torch.int8).t().contiguous()
-        self.bias = bias
+        self.weight = q.to(torch.int8).contiguous()  # [out, in]
+        self.weight_colsum = self.weight.sum(dim=1, dtype=torch.int32)
+        self.bias = bias.float().contiguous() if bias is not None else None
+        self.native = native
 
-    @property
-    def out_features(self) -> int:
-        return self.weight_t.shape[1]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x_scale = x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(127.0)
-        x_q = torch.round(x / x_scale).to(torch.int8)
-        y = torch._int_mm(x_q, self.weight_t).float()
-        y.mul_(x_scale).mul_(self.weight_scale)
+    def __call__(
+        self, act: QuantizedActivation, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x_q, x_scale = act
+        if self.native and x_q.shape[0] < _NATIVE_INT8_MAX_ROWS:
+            return ops.int8_linear(
+                x_q,
+                x_scale,
+                self.weight,
+                self.weight_colsum,
+                self.weight_scale,
+                self.bias,
+                residual,
+            )
+        acc = torch._int_mm(x_q, self.weight.t())
+        if self.native:
+            return ops.dequant_i32(acc, x_scale, self.weight_scale, self.bias, residual)
+        y = acc.float().mul_(x_scale).mul_(self.weight_scale)
         if self.bias is not None:
             y.add_(self.bias)
-        return y
+        return y if residual is None else residual.add_(y)
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str | None):
+class FloatMethod:
+    name = "float32"
+
+    def __init__(self) -> None:
+        self.native = ops.kernels_available()
+
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> FloatLinear:
+        return FloatLinear(weight, bias)
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if self.native:
+            return ops.rmsnorm(x, weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        half = gate_up.shape[1] // 2
+        return F.silu(gate_up[:, :half]) * gate_up[:, half:]
+
+
+class Int8Method(FloatMethod):
+    name = "int8"
+
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+        return Int8Linear(weight, bias, self.native)
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> QuantizedActivation:
+        if self.native:
+            return ops.rmsnorm_quant(x, weight, eps)
+        return _quantize_rows_torch(F.rms_norm(x, (x.shape[-1],), weight, eps))
+
+    def activation(self, x: torch.Tensor) -> QuantizedActivation:
+        return ops.quantize_rows(x) if self.native else _quantize_rows_torch(x)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> QuantizedActivation:
+        if self.native:
+            return ops.silu_mul_quant(gate_up)
+        return _quantize_rows_torch(super().silu_mul(gate_up))
+
+
+def _quantize_rows_torch(x: torch.Tensor) -> QuantizedActivation:
+    scale = x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(127.0)
+    return torch.round(x / scale).to(torch.int8), scale
+
+
+def get_linear_method(quantization: str | None) -> FloatMethod:
     if quantization == "int8":
-        return Int8Linear(weight, bias)
-    return Linear(weight, bias)
+        return Int8Method()
+    if quantization is None:
+        return FloatMethod()
+    raise ValueError(f"quantization: unsupported value {quantization!r}")

@@ -8,44 +8,39 @@ names onto it); projections sharing an input are fused (qkv, gate_up).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from tokenmill.kernels import ops
 from tokenmill.model.arch_config import ArchConfig
-from tokenmill.model.linear import make_linear
+from tokenmill.model.linear import FloatMethod
 from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
 from tokenmill.worker.attention import AttentionBackend, AttentionMetadata
 
 
 class LlamaLayer:
     def __init__(
-        self,
-        cfg: ArchConfig,
-        weights: dict[str, torch.Tensor],
-        prefix: str,
-        quantization: str | None,
+        self, cfg: ArchConfig, weights: dict[str, torch.Tensor], prefix: str, method: FloatMethod
     ):
         def w(name: str) -> torch.Tensor:
             return weights.pop(prefix + name)
 
+        attn = "self_attn."
         qkv_w = torch.cat(
-            [
-                w("self_attn.q_proj.weight"),
-                w("self_attn.k_proj.weight"),
-                w("self_attn.v_proj.weight"),
-            ]
+            [w(attn + "q_proj.weight"), w(attn + "k_proj.weight"), w(attn + "v_proj.weight")]
         )
         qkv_b = None
         if cfg.attention_bias:
             qkv_b = torch.cat(
-                [w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"), w("self_attn.v_proj.bias")]
+                [w(attn + "q_proj.bias"), w(attn + "k_proj.bias"), w(attn + "v_proj.bias")]
             )
-        self.qkv_proj = make_linear(qkv_w, qkv_b, quantization)
-        self.o_proj = make_linear(w("self_attn.o_proj.weight"), None, quantization)
-        gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
-        self.gate_up_proj = make_linear(gate_up, None, quantization)
-        self.down_proj = make_linear(w("mlp.down_proj.weight"), None, quantization)
-        self.input_norm = w("input_layernorm.weight").float()
-        self.post_attn_norm = w("post_attention_layernorm.weight").float()
+        self.method = method
+        self.qkv_proj = method.linear(qkv_w, qkv_b)
+        self.o_proj = method.linear(w(attn + "o_proj.weight"))
+        self.gate_up_proj = method.linear(
+            torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
+        )
+        self.down_proj = method.linear(w("mlp.down_proj.weight"))
+        self.input_norm = w("input_layernorm.weight").float().contiguous()
+        self.post_attn_norm = w("post_attention_layernorm.weight").float().contiguous()
         self.eps = cfg.rms_norm_eps
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -53,7 +48,6 @@ class LlamaLayer:
             cfg.num_key_value_heads,
             cfg.head_dim,
         )
-        self.intermediate_size = cfg.intermediate_size
 
     def forward(
         self,
@@ -64,18 +58,23 @@ class LlamaLayer:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        m = self.method
         t = hidden.shape[0]
-        x = F.rms_norm(hidden, (hidden.shape[-1],), self.input_norm, self.eps)
-        qkv = self.qkv_proj(x)
-        qk = rope.apply(positions, qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim))
+        qkv = self.qkv_proj(m.norm(hidden, self.input_norm, self.eps))
+        qk_heads = self.num_heads + self.num_kv_heads
+        if m.native:
+            ops.rope_neox_(qkv, qk_heads, self.head_dim, positions, rope.cos, rope.sin)
+            qk = qkv[:, : self.q_size + self.kv_size].view(t, qk_heads, self.head_dim)
+        else:
+            qk = rope.apply(
+                positions, qkv[:, : self.q_size + self.kv_size].view(t, qk_heads, self.head_dim)
+            )
         q = qk[:, : self.num_heads]
         k = qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
-        hidden = hidden + self.o_proj(attn.forward(q, k, v, kv_cache, meta))
-        x = F.rms_norm(hidden, (hidden.shape[-1],), self.post_attn_norm, self.eps)
-        gate_up = self.gate_up_proj(x)
-        x = F.silu(gate_up[:, : self.intermediate_size]) * gate_up[:, self.intermediate_size :]
-        return hidden + self.down_proj(x)
+        hidden = self.o_proj(m.activation(attn.forward(q, k, v, kv_cache, meta)), residual=hidden)
+        gate_up = self.gate_up_proj(m.norm(hidden, self.post_attn_norm, self.eps))
+        return self.down_proj(m.silu_mul(gate_up), residual=hidden)
 
 
 class LlamaForCausalLM:
@@ -84,21 +83,22 @@ class LlamaForCausalLM:
         cfg: ArchConfig,
         weights: dict[str, torch.Tensor],
         max_positions: int,
-        quantization: str | None = None,
+        method: FloatMethod | None = None,
         rope_freq_factors: torch.Tensor | None = None,
     ) -> None:
         self.config = cfg
+        self.method = method = method or FloatMethod()
         weights = dict(weights)
         self.embed_tokens = weights.pop("model.embed_tokens.weight").float().contiguous()
         self.layers = [
-            LlamaLayer(cfg, weights, f"model.layers.{i}.", quantization)
+            LlamaLayer(cfg, weights, f"model.layers.{i}.", method)
             for i in range(cfg.num_hidden_layers)
         ]
-        self.norm = weights.pop("model.norm.weight").float()
+        self.norm = weights.pop("model.norm.weight").float().contiguous()
         lm_head = weights.pop("lm_head.weight", None)
         if lm_head is None or cfg.tie_word_embeddings:
             lm_head = self.embed_tokens
-        self.lm_head = make_linear(lm_head, None, quantization)
+        self.lm_head = method.linear(lm_head)
         leftover = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
         if leftover:
             raise ValueError(f"unused weights in checkpoint: {leftover[:5]}")
@@ -120,5 +120,4 @@ class LlamaForCausalLM:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + lm_head, only for the rows that get sampled."""
-        x = F.rms_norm(hidden, (hidden.shape[-1],), self.norm, self.config.rms_norm_eps)
-        return self.lm_head(x)
+        return self.lm_head(self.method.norm(hidden, self.norm, self.config.rms_norm_eps))

@@ -43,8 +43,8 @@ class RotaryEmbedding:
         self.head_dim = head_dim
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
-        self.cos = freqs.cos()
-        self.sin = freqs.sin()
+        self.cos = freqs.cos().contiguous()  # [max_positions, head_dim / 2]
+        self.sin = freqs.sin().contiguous()
 
     def apply(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x: [num_tokens, num_heads, head_dim] -> rotated copy."""

@@ -10,7 +10,11 @@ from tokenmill.outputs import PositionLogprobDict
 
 def _bytes_to_unicode() -> dict[str, int]:
     """GPT-2 byte-level alphabet: printable stand-in character -> byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -36,7 +40,11 @@ def token_bytes(tokenizer: Tokenizer, token_id: int, text: str) -> list[int]:
 
 def _entry(tokenizer: Tokenizer, token_id: int, logprob: float, text: str | None) -> dict[str, Any]:
     text = text if text is not None else tokenizer.decode([token_id], skip_special_tokens=False)
-    return {"token": text, "logprob": max(logprob, -9999.0), "bytes": token_bytes(tokenizer, token_id, text)}
+    return {
+        "token": text,
+        "logprob": max(logprob, -9999.0),
+        "bytes": token_bytes(tokenizer, token_id, text),
+    }
 
 
 def chat_logprobs_content(
@@ -47,7 +55,9 @@ def chat_logprobs_content(
         chosen = position[token_id]
         entry = _entry(tokenizer, token_id, chosen.logprob, chosen.decoded_token)
         ranked = sorted(position.items(), key=lambda kv: -kv[1].logprob)[:top]
-        entry["top_logprobs"] = [_entry(tokenizer, t, lp.logprob, lp.decoded_token) for t, lp in ranked]
+        entry["top_logprobs"] = [
+            _entry(tokenizer, t, lp.logprob, lp.decoded_token) for t, lp in ranked
+        ]
         content.append(entry)
     return content
 
@@ -72,5 +82,14 @@ def completion_logprobs(
             continue
         token_logprobs.append(max(position[token_id].logprob, -9999.0))
         ranked = sorted(position.items(), key=lambda kv: -kv[1].logprob)[:top]
-        top_logprobs.append({(lp.decoded_token or ""): max(lp.logprob, -9999.0) for _, lp in ranked} if top else None)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
+        top_logprobs.append(
+            {(lp.decoded_token or ""): max(lp.logprob, -9999.0) for _, lp in ranked}
+            if top
+            else None
+        )
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }

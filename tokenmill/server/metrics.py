@@ -7,8 +7,46 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from tokenmill.engine.async_llm import RequestTiming
 from tokenmill.engine.core_types import SchedulerStats
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-_ITL_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_ITL_BUCKETS = (
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
 
 
 class ServerMetrics:
@@ -18,21 +56,76 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
-        self.running = Gauge("tokenmill:num_requests_running", "Sequences running in the engine", labels, registry=r)
-        self.waiting = Gauge("tokenmill:num_requests_waiting", "Sequences waiting to be scheduled", labels, registry=r)
-        self.kv_usage = Gauge("tokenmill:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)", labels, registry=r)
-        self.preemptions = Counter("tokenmill:num_preemptions", "Preemptions (recompute)", labels, registry=r)
-        self.prefix_queries = Counter("tokenmill:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", labels, registry=r)
-        self.prefix_hits = Counter("tokenmill:prefix_cache_hits", "Prompt tokens found in the prefix cache", labels, registry=r)
-        self.prompt_tokens = Counter("tokenmill:prompt_tokens", "Prompt tokens processed", labels, registry=r)
-        self.generation_tokens = Counter("tokenmill:generation_tokens", "Tokens generated", labels, registry=r)
-        self.request_success = Counter(
-            "tokenmill:request_success", "Finished requests by finish reason", [*labels, "finished_reason"], registry=r
+        self.running = Gauge(
+            "tokenmill:num_requests_running", "Sequences running in the engine", labels, registry=r
         )
-        self.ttft = Histogram("tokenmill:time_to_first_token_seconds", "Time to first token", labels, buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("tokenmill:inter_token_latency_seconds", "Time between tokens", labels, buckets=_ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("tokenmill:e2e_request_latency_seconds", "Request latency", labels, buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram("tokenmill:request_queue_time_seconds", "Time waiting before first scheduled", labels, buckets=_LATENCY_BUCKETS, registry=r)
+        self.waiting = Gauge(
+            "tokenmill:num_requests_waiting",
+            "Sequences waiting to be scheduled",
+            labels,
+            registry=r,
+        )
+        self.kv_usage = Gauge(
+            "tokenmill:kv_cache_usage_perc",
+            "Fraction of KV cache blocks in use (0-1)",
+            labels,
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "tokenmill:num_preemptions", "Preemptions (recompute)", labels, registry=r
+        )
+        self.prefix_queries = Counter(
+            "tokenmill:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            labels,
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "tokenmill:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache",
+            labels,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "tokenmill:prompt_tokens", "Prompt tokens processed", labels, registry=r
+        )
+        self.generation_tokens = Counter(
+            "tokenmill:generation_tokens", "Tokens generated", labels, registry=r
+        )
+        self.request_success = Counter(
+            "tokenmill:request_success",
+            "Finished requests by finish reason",
+            [*labels, "finished_reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tokenmill:time_to_first_token_seconds",
+            "Time to first token",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "tokenmill:inter_token_latency_seconds",
+            "Time between tokens",
+            labels,
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "tokenmill:e2e_request_latency_seconds",
+            "Request latency",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "tokenmill:request_queue_time_seconds",
+            "Time waiting before first scheduled",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.model = model_name
         self._last = SchedulerStats()
 
@@ -63,7 +156,9 @@ class ServerMetrics:
             for _ in range(new_tokens):
                 self.itl.labels(m).observe(gap)
 
-    def on_finished(self, timing: RequestTiming, finish_reasons: list[str | None], now: float) -> None:
+    def on_finished(
+        self, timing: RequestTiming, finish_reasons: list[str | None], now: float
+    ) -> None:
         m = self.model
         self.e2e.labels(m).observe(now - timing.arrival)
         for reason in finish_reasons:

@@ -116,7 +116,12 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | Annotated[list[str], Field(min_length=1)] | Annotated[list[list[int]], Field(min_length=1)]
+    prompt: (
+        str
+        | list[int]
+        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[list[int]], Field(min_length=1)]
+    )
     suffix: str | None = None
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)

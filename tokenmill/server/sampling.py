@@ -7,7 +7,9 @@ from tokenmill.server.errors import bad_request, from_value_error
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str) -> int:
+def resolve_max_tokens(
+    requested: int | None, prompt_len: int, max_model_len: int, param: str
+) -> int:
     """Max tokens for this request; 400 context_length_exceeded when prompt + max_tokens overflow."""
     if prompt_len >= max_model_len:
         raise bad_request(
@@ -30,7 +32,11 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
 
 
 def to_sampling_params(
-    req: SamplingFields, max_tokens: int, logprobs: int | None, stream: bool, extra_stop_ids: list[int] | None = None
+    req: SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    stream: bool,
+    extra_stop_ids: list[int] | None = None,
 ) -> SamplingParams:
     try:
         return SamplingParams(

@@ -15,7 +15,15 @@ from tokenmill.server.errors import bad_request
 from tokenmill.server.logprobs import chat_logprobs_content
 from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.sampling import chat_logprobs, resolve_max_tokens, to_sampling_params
-from tokenmill.server.state import ServerState, engine_error, log_request, new_id, sse, sse_with_errors, until_disconnect
+from tokenmill.server.state import (
+    ServerState,
+    engine_error,
+    log_request,
+    new_id,
+    sse,
+    sse_with_errors,
+    until_disconnect,
+)
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
@@ -32,7 +40,9 @@ def render_prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[str, 
     messages = [m.to_template_dict() for m in req.messages]
     try:
         text = engine.chat_template.render(
-            messages, add_generation_prompt=req.add_generation_prompt, **(req.chat_template_kwargs or {})
+            messages,
+            add_generation_prompt=req.add_generation_prompt,
+            **(req.chat_template_kwargs or {}),
         )
     except ChatTemplateError as e:
         raise bad_request(str(e), param="messages") from e
@@ -45,11 +55,15 @@ def render_prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[str, 
     return text, engine.tokenizer.encode(text, add_special_tokens=False)
 
 
-async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, raw: Request, request_id: str):
+async def create_chat_completion(
+    state: ServerState, req: ChatCompletionRequest, raw: Request, request_id: str
+):
     model = state.check_model(req.model)
     engine = state.engine
     prompt, prompt_ids = render_prompt(state, req)
-    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    requested = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(requested, len(prompt_ids), engine.max_model_len, param)
     top = chat_logprobs(req)
@@ -58,12 +72,27 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     created = int(time.time())
     started = time.monotonic()
     try:
-        gen = engine.generate(completion_id, prompt_ids, params, prompt=prompt, priority=req.priority)
+        gen = engine.generate(
+            completion_id, prompt_ids, params, prompt=prompt, priority=req.priority
+        )
         if req.stream:
             first = await gen.__anext__()  # fail before the 200 when the engine rejects
-            chunks = _stream(state, req, gen, first, completion_id, created, model, len(prompt_ids), started, request_id)
+            chunks = _stream(
+                state,
+                req,
+                gen,
+                first,
+                completion_id,
+                created,
+                model,
+                len(prompt_ids),
+                started,
+                request_id,
+            )
             return StreamingResponse(
-                sse_with_errors(chunks, request_id), media_type="text/event-stream", headers={"X-Request-Id": request_id}
+                sse_with_errors(chunks, request_id),
+                media_type="text/event-stream",
+                headers={"X-Request-Id": request_id},
             )
         final = await until_disconnect(raw, _last(gen))
     except StopAsyncIteration:
@@ -77,11 +106,19 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         completion_tokens += len(c.token_ids)
         lp = None
         if top is not None and c.logprobs is not None:
-            lp = {"content": chat_logprobs_content(engine.tokenizer, c.token_ids, c.logprobs, top), "refusal": None}
+            lp = {
+                "content": chat_logprobs_content(engine.tokenizer, c.token_ids, c.logprobs, top),
+                "refusal": None,
+            }
         choices.append(
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text, "refusal": None, "tool_calls": []},
+                "message": {
+                    "role": "assistant",
+                    "content": c.text,
+                    "refusal": None,
+                    "tool_calls": [],
+                },
                 "logprobs": lp,
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
@@ -165,27 +202,61 @@ async def _stream(
                 tokens_per_choice[c.index] += len(c.token_ids)
                 if not sent_role[c.index]:
                     sent_role[c.index] = True
-                    yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+                    yield chunk(
+                        [
+                            {
+                                "index": c.index,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ]
+                    )
                 if not c.text and not c.finished and not c.token_ids:
                     continue
                 lp = None
                 if top is not None and c.logprobs:
-                    lp = {"content": chat_logprobs_content(engine.tokenizer, c.token_ids, c.logprobs, top), "refusal": None}
+                    lp = {
+                        "content": chat_logprobs_content(
+                            engine.tokenizer, c.token_ids, c.logprobs, top
+                        ),
+                        "refusal": None,
+                    }
                 delta = {"content": c.text} if c.text else {}
-                choice = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": c.finish_reason}
+                choice = {
+                    "index": c.index,
+                    "delta": delta,
+                    "logprobs": lp,
+                    "finish_reason": c.finish_reason,
+                }
                 if c.finished:
                     choice["stop_reason"] = c.stop_reason
                 if not delta and lp is None and not c.finished:
                     continue
-                usage = usage_dict(prompt_tokens, sum(tokens_per_choice), out.num_cached_tokens) if continuous else None
+                usage = (
+                    usage_dict(prompt_tokens, sum(tokens_per_choice), out.num_cached_tokens)
+                    if continuous
+                    else None
+                )
                 yield chunk([choice], usage)
             if out.finished:
                 finished_out = out
                 break
             out = await gen.__anext__()
         if include_usage:
-            yield chunk([], usage_dict(prompt_tokens, sum(tokens_per_choice), finished_out.num_cached_tokens))
-        _log(request_id, completion_id, "chat", prompt_tokens, sum(tokens_per_choice), finished_out, started)
+            yield chunk(
+                [],
+                usage_dict(prompt_tokens, sum(tokens_per_choice), finished_out.num_cached_tokens),
+            )
+        _log(
+            request_id,
+            completion_id,
+            "chat",
+            prompt_tokens,
+            sum(tokens_per_choice),
+            finished_out,
+            started,
+        )
     finally:
         if finished_out is None:  # client went away or the stream failed: free the engine's blocks
             await gen.aclose()

@@ -55,11 +55,19 @@ def new_id(prefix: str) -> str:
 def engine_error(e: Exception, request_id: str) -> APIError:
     """Maps engine-side failures to HTTP errors (client mistakes were caught before)."""
     if isinstance(e, QueueFullError):
-        return APIError(503, str(e), "server_error", None, "server_busy", headers={"Retry-After": "1"})
+        return APIError(
+            503, str(e), "server_error", None, "server_busy", headers={"Retry-After": "1"}
+        )
     if isinstance(e, EngineDeadError):
         return APIError(503, f"engine unavailable: {e}", "server_error", None, "engine_dead")
     if isinstance(e, RequestFailedError):
-        return APIError(500, f"request {request_id} failed in the engine: {e}", "internal_server_error", None, "engine_error")
+        return APIError(
+            500,
+            f"request {request_id} failed in the engine: {e}",
+            "internal_server_error",
+            None,
+            "engine_error",
+        )
     if isinstance(e, ValueError):
         from tokenmill.server.errors import from_value_error
 
@@ -97,7 +105,13 @@ async def sse_with_errors(chunks: AsyncIterator[str], request_id: str) -> AsyncI
         yield sse(err.body())
     except Exception as e:  # a real fault: still a clean end of stream
         logging.getLogger(__name__).exception("stream %s failed", request_id)
-        yield sse(APIError(500, f"internal error (request {request_id}): {type(e).__name__}", "internal_server_error").body())
+        yield sse(
+            APIError(
+                500,
+                f"internal error (request {request_id}): {type(e).__name__}",
+                "internal_server_error",
+            ).body()
+        )
     yield sse("[DONE]")
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tokenmill.kernels import ops
+
 
 @dataclass
 class ChunkAttention:
@@ -29,10 +31,23 @@ class ChunkAttention:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] cache slot of each token
     num_decode_tokens: int
-    decode_block_ids: torch.Tensor | None  # [num_decodes * max_blocks], padded with block 0
-    decode_max_blocks: int
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] additive
+    decode_block_table: torch.Tensor | None  # [num_decodes, max_blocks] int64, padded with block 0
+    decode_seq_lens: torch.Tensor | None  # [num_decodes] int64: visible keys incl. the new token
     chunks: list[ChunkAttention]
+    _decode_mask: torch.Tensor | None = None
+
+    def decode_mask(self, block_size: int, sliding_window: int | None) -> torch.Tensor:
+        """Additive mask [num_decodes, 1, 1, max_blocks * block_size], built once per step."""
+        if self._decode_mask is None:
+            assert self.decode_block_table is not None and self.decode_seq_lens is not None
+            key_pos = torch.arange(self.decode_block_table.shape[1] * block_size)
+            lens = self.decode_seq_lens[:, None]
+            visible = key_pos[None, :] < lens
+            if sliding_window is not None:
+                visible &= key_pos[None, :] >= lens - sliding_window
+            mask = torch.zeros(visible.shape, dtype=torch.float32)
+            self._decode_mask = mask.masked_fill_(~visible, float("-inf")).view(len(lens), 1, 1, -1)
+        return self._decode_mask
 
 
 class AttentionBackend(ABC):
@@ -40,12 +55,24 @@ class AttentionBackend(ABC):
 
     name: str
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        sliding_window: int | None = None,
+    ) -> None:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.block_size = block_size
+        self.sliding_window = sliding_window
         self.scale = head_dim**-0.5
+
+    @classmethod
+    def available(cls) -> bool:
+        return True
 
     def allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype, device: str) -> torch.Tensor:
         block_numel = self.block_size * self.num_kv_heads * self.head_dim
@@ -70,13 +97,10 @@ class TorchSDPABackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, meta):
         nkv, hd = self.num_kv_heads, self.head_dim
-        k_cache = kv_cache[0].view(-1, nkv, hd)
-        v_cache = kv_cache[1].view(-1, nkv, hd)
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+        kv_cache[0].view(-1, nkv, hd).index_copy_(0, meta.slot_mapping, k)
+        kv_cache[1].view(-1, nkv, hd).index_copy_(0, meta.slot_mapping, v)
 
-        num_tokens = q.shape[0]
-        out = torch.empty(num_tokens, self.num_heads * hd, dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape[0], self.num_heads * hd, dtype=q.dtype, device=q.device)
         nd = meta.num_decode_tokens
         if nd:
             out[:nd] = self._decode(q[:nd], kv_cache, meta)
@@ -89,17 +113,15 @@ class TorchSDPABackend(AttentionBackend):
         self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         nd, nkv, hd = q.shape[0], self.num_kv_heads, self.head_dim
-        length = meta.decode_max_blocks * self.block_size
-        keys = kv_cache[0].index_select(0, meta.decode_block_ids).view(nd, length, nkv, hd)
-        values = kv_cache[1].index_select(0, meta.decode_block_ids).view(nd, length, nkv, hd)
+        table = meta.decode_block_table
+        length = table.shape[1] * self.block_size
+        keys = kv_cache[0].index_select(0, table.view(-1)).view(nd, length, nkv, hd)
+        values = kv_cache[1].index_select(0, table.view(-1)).view(nd, length, nkv, hd)
         # Query heads of one KV group become the "query length" axis: no K/V expansion.
-        qg = q.view(nd, nkv, self.num_heads // nkv, hd)
+        qg = q.reshape(nd, nkv, self.num_heads // nkv, hd)
+        mask = meta.decode_mask(self.block_size, self.sliding_window)
         o = F.scaled_dot_product_attention(
-            qg,
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=meta.decode_mask,
-            scale=self.scale,
+            qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, scale=self.scale
         )
         return o.reshape(nd, self.num_heads * hd)
 
@@ -108,12 +130,9 @@ class TorchSDPABackend(AttentionBackend):
         if chunk.context_len == chunk.query_len:  # nothing cached before: attend to itself
             keys, values = k, v
         else:
-            keys = (
-                kv_cache[0].index_select(0, chunk.block_ids).view(-1, nkv, hd)[: chunk.context_len]
-            )
-            values = (
-                kv_cache[1].index_select(0, chunk.block_ids).view(-1, nkv, hd)[: chunk.context_len]
-            )
+            n = chunk.context_len
+            keys = kv_cache[0].index_select(0, chunk.block_ids).view(-1, nkv, hd)[:n]
+            values = kv_cache[1].index_select(0, chunk.block_ids).view(-1, nkv, hd)[:n]
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
             keys.transpose(0, 1).unsqueeze(0),
@@ -126,13 +145,45 @@ class TorchSDPABackend(AttentionBackend):
         return o[0].transpose(0, 1).reshape(chunk.query_len, self.num_heads * hd)
 
 
-ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {TorchSDPABackend.name: TorchSDPABackend}
+class CPUPagedBackend(TorchSDPABackend):
+    """Decodes read K/V straight from the paged cache in a native kernel (no gather);
+    multi-token chunks use torch SDPA."""
+
+    name = "cpu_paged"
+
+    @classmethod
+    def available(cls) -> bool:
+        return ops.kernels_available()
+
+    def _decode(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        out = ops.paged_attention_decode(
+            q.contiguous(),
+            kv_cache,
+            meta.decode_block_table,
+            meta.decode_seq_lens,
+            self.num_kv_heads,
+            self.block_size,
+            self.scale,
+            self.sliding_window,
+        )
+        return out.view(q.shape[0], self.num_heads * self.head_dim)
 
 
-def get_attention_backend(name: str) -> type[AttentionBackend]:
-    try:
-        return ATTENTION_BACKENDS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown attention backend {name!r}; known: {sorted(ATTENTION_BACKENDS)}"
-        ) from None
+ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {
+    CPUPagedBackend.name: CPUPagedBackend,
+    TorchSDPABackend.name: TorchSDPABackend,
+}
+
+
+def get_attention_backend(name: str | None = None) -> type[AttentionBackend]:
+    """The named backend, or the first available one (native first) when name is None."""
+    if name is None:
+        return next(b for b in ATTENTION_BACKENDS.values() if b.available())
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; known: {sorted(ATTENTION_BACKENDS)}")
+    backend = ATTENTION_BACKENDS[name]
+    if not backend.available():
+        raise ValueError(f"attention backend {name!r} is not available on this machine")
+    return backend

@@ -34,8 +34,7 @@ def build_model_input(
 
     # Single-token queries: one gather over a padded block table.
     nd = len(decodes)
-    decode_block_ids = decode_mask = None
-    max_blocks = 0
+    decode_table = decode_lens = None
     if nd:
         positions = np.fromiter(
             (sr.request.num_computed_tokens for sr in decodes), dtype=np.int64, count=nd
@@ -55,16 +54,8 @@ def build_model_input(
         position_parts.append(positions)
         slot_parts.append(slots)
         query_starts.extend(range(nd))
-        key_pos = torch.arange(max_blocks * block_size)
-        seq_lens = torch.from_numpy(positions + 1)
-        visible = key_pos[None, :] < seq_lens[:, None]
-        if sliding_window is not None:
-            visible &= key_pos[None, :] >= (seq_lens[:, None] - sliding_window)
-        decode_mask = torch.zeros(visible.shape, dtype=torch.float32).masked_fill_(
-            ~visible, float("-inf")
-        )
-        decode_mask = decode_mask.view(nd, 1, 1, -1)
-        decode_block_ids = torch.from_numpy(table.reshape(-1))
+        decode_table = torch.from_numpy(table)
+        decode_lens = torch.from_numpy(positions + 1)
 
     chunk_meta: list[ChunkAttention] = []
     start = nd
@@ -94,9 +85,8 @@ def build_model_input(
     meta = AttentionMetadata(
         slot_mapping=torch.from_numpy(np.concatenate(slot_parts)),
         num_decode_tokens=nd,
-        decode_block_ids=decode_block_ids,
-        decode_max_blocks=max_blocks,
-        decode_mask=decode_mask,
+        decode_block_table=decode_table,
+        decode_seq_lens=decode_lens,
         chunks=chunk_meta,
     )
     return ModelInput(

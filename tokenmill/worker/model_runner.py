@@ -29,7 +29,7 @@ class ModelRunner:
         model: LlamaForCausalLM,
         num_blocks: int,
         block_size: int,
-        attention_backend: str = "torch_sdpa",
+        attention_backend: str | None = None,
         kv_dtype: torch.dtype = torch.float32,
         device: str = "cpu",
     ) -> None:
@@ -37,7 +37,11 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.attn: AttentionBackend = get_attention_backend(attention_backend)(
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, block_size
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            block_size,
+            cfg.sliding_window,
         )
         self.kv_caches = [
             self.attn.allocate_kv_cache(num_blocks, kv_dtype, device)

@@ -1,0 +1,95 @@
+"""Native CPU kernels against torch references; the int8 path is exact across kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenmill.kernels import ops
+from tokenmill.model.linear import FloatMethod, Int8Linear, Int8Method, _quantize_rows_torch
+
+pytestmark = pytest.mark.skipif(
+    not ops.kernels_available(), reason="no C compiler for the native kernels"
+)
+
+
+@pytest.mark.parametrize("m", [1, 3, 17, 64])
+def test_quantize_rows_bit_identical_to_torch(m):
+    x = torch.randn(m, 576) * torch.logspace(-3, 2, m)[:, None]
+    q, s = ops.quantize_rows(x)
+    tq, ts = _quantize_rows_torch(x)
+    assert torch.equal(q, tq) and torch.equal(s, ts)
+    # strided rows (a column slice of a wider matrix)
+    wide = torch.randn(m, 1000)
+    q2, s2 = ops.quantize_rows(wide[:, 100:676])
+    tq2, ts2 = _quantize_rows_torch(wide[:, 100:676].contiguous())
+    assert torch.equal(q2, tq2) and torch.equal(s2, ts2)
+
+
+@pytest.mark.parametrize("k,n", [(576, 960), (1536, 576), (100, 33)])  # 100: not a multiple of 64
+@pytest.mark.parametrize("m", [1, 2, 5, 15, 16, 40])
+def test_int8_linear_native_equals_int_mm(k, n, m):
+    torch.manual_seed(0)
+    w = torch.randn(n, k)
+    lin = Int8Linear(w, torch.randn(n), native=True)
+    x = torch.randn(m, k)
+    act = ops.quantize_rows(x)
+    native = ops.int8_linear(*act, lin.weight, lin.weight_colsum, lin.weight_scale, lin.bias)
+    acc = torch._int_mm(act[0], lin.weight.t())
+    ref = acc.float().mul_(act[1]).mul_(lin.weight_scale).add_(lin.bias)
+    assert torch.equal(native, ref), "integer accumulation must be exact in both kernels"
+    assert torch.equal(ops.dequant_i32(acc, act[1], lin.weight_scale, lin.bias), ref)
+    residual = torch.randn(m, n)
+    assert torch.equal(
+        ops.int8_linear(
+            *act, lin.weight, lin.weight_colsum, lin.weight_scale, lin.bias, residual.clone()
+        ),
+        residual + ref,
+    )
+
+
+def test_rmsnorm_and_fused_quant():
+    x = torch.randn(7, 576) * 3
+    w = torch.randn(576)
+    ref = F.rms_norm(x, (576,), w, 1e-5)
+    assert torch.allclose(ops.rmsnorm(x, w, 1e-5), ref, atol=1e-5, rtol=1e-5)
+    q, s = Int8Method().norm(x, w, 1e-5)
+    dequant = q.float() * s
+    assert (dequant - ref).abs().max() <= s.max() * 0.51
+
+
+def test_silu_mul_quant():
+    gu = torch.randn(5, 2 * 1536)
+    q, s = ops.silu_mul_quant(gu)
+    ref = FloatMethod().silu_mul(gu)
+    assert ((q.float() * s) - ref).abs().max() <= s.max() * 0.51
+
+
+def test_rope_matches_torch_rotary():
+    from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
+
+    rope = RotaryEmbedding(64, 512, rope_inv_freq(64, 10000.0, None))
+    qkv = torch.randn(9, 13 * 64)
+    positions = torch.tensor([0, 1, 2, 50, 100, 7, 511, 3, 3])
+    ref = rope.apply(positions, qkv[:, : 12 * 64].view(9, 12, 64))
+    out = qkv.clone()
+    ops.rope_neox_(out, 12, 64, positions, rope.cos, rope.sin)
+    assert torch.allclose(out[:, : 12 * 64].view(9, 12, 64), ref, atol=1e-5)
+    assert torch.equal(out[:, 12 * 64 :], qkv[:, 12 * 64 :]), "heads past num_heads untouched"
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_paged_attention_decode_matches_sdpa(window):
+    from tokenmill.worker.attention import AttentionMetadata, CPUPagedBackend, TorchSDPABackend
+
+    nh, nkv, hd, bs = 9, 3, 64, 16
+    torch.manual_seed(0)
+    kv = torch.randn(2, 50, bs * nkv * hd)
+    lens = torch.tensor([1, 17, 100, 64])
+    table = torch.stack([torch.randperm(50)[:7] for _ in lens])
+    q = torch.randn(len(lens), nh, hd)
+    meta = AttentionMetadata(torch.empty(0, dtype=torch.long), len(lens), table, lens, [])
+    native = CPUPagedBackend(nh, nkv, hd, bs, window)._decode(q, kv, meta)
+    ref = TorchSDPABackend(nh, nkv, hd, bs, window)._decode(q, kv, meta)
+    assert torch.allclose(native, ref, atol=1e-5)

@@ -1,0 +1,1 @@
+"""Native CPU kernels (optional; everything has a pure-torch fallback)."""

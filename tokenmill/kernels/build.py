@@ -1,0 +1,107 @@
+"""Compiles the C kernels once per machine (gcc, -march=native) and loads them with ctypes.
+
+The shared object is cached under ~/.cache/tokenmill/kernels keyed by the source, the
+compiler and the CPU, so a different machine gets its own build. Without a compiler the
+engine falls back to pure torch (TOKENMILL_DISABLE_KERNELS=1 forces that).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch  # noqa: F401  (loads torch's libgomp first: the kernels then share its OpenMP runtime)
+
+logger = logging.getLogger(__name__)
+_SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.c"
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TOKENMILL_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "tokenmill"
+    )
+    return Path(root) / "kernels"
+
+
+def _cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@lru_cache(maxsize=1)
+def load_kernels() -> ctypes.CDLL | None:
+    if os.environ.get("TOKENMILL_DISABLE_KERNELS") == "1":
+        return None
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        logger.warning("no C compiler found: using the pure-torch kernels")
+        return None
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(
+        source + " ".join([cc, *_FLAGS]).encode() + _cpu_signature().encode()
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"cpu_kernels-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / target.name
+            proc = subprocess.run(
+                [cc, *_FLAGS, str(_SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True
+            )
+            if proc.returncode != 0:
+                logger.warning("kernel build failed, using pure torch:\n%s", proc.stderr[-2000:])
+                return None
+            os.replace(out, target)  # atomic: concurrent builders never see a partial file
+    lib = ctypes.CDLL(str(target))
+    _declare(lib)
+    return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    signatures = {
+        "tm_has_vnni": [],
+        "tm_int8_linear": [p, p, p, p, p, p, i64, i64, i64, p, i32, i32],
+        "tm_paged_attention_decode": [
+            p,
+            p,
+            i64,
+            p,
+            p,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            f32,
+            i64,
+            p,
+            i32,
+        ],
+        "tm_rmsnorm": [p, p, i64, i64, f32, p, i32],
+        "tm_rmsnorm_quant": [p, p, i64, i64, f32, p, p, i32],
+        "tm_quantize_rows_strided": [p, i64, i64, i64, p, p, i32],
+        "tm_silu_mul_quant": [p, i64, i64, p, p, i32],
+        "tm_dequant_i32": [p, p, p, p, i64, i64, i32, p, i32],
+        "tm_rope_neox": [p, i64, i64, i64, i64, p, p, p, i32],
+    }
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = i32 if name == "tm_has_vnni" else None

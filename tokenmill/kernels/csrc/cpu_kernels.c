@@ -1,0 +1,270 @@
+// CPU kernels for tokenmill, called through ctypes (plain C ABI, no torch headers, so a
+// build takes about a second). Parallel regions use OpenMP: torch's bundled libgomp is
+// already loaded when these run, so both share one thread pool.
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define TM_VNNI512 1
+#endif
+
+int tm_has_vnni(void) {
+#ifdef TM_VNNI512
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// out[m, n] = ((float)sum_k xq[m,k] * w[n,k]) * xs[m] * ws[n] (+ bias[n]).
+// The integer sum is exact, so the result equals torch._int_mm followed by the same
+// two multiplications, whatever the batch size: the int8 path stays batch-invariant.
+// w_colsum[n] = sum_k w[n,k] (used to undo the +128 offset of the VNNI u8 x s8 product).
+void tm_int8_linear(const int8_t* xq, const float* xs, const int8_t* w, const int32_t* w_colsum,
+                    const float* ws, const float* bias, int64_t M, int64_t N, int64_t K, float* out,
+                    int accumulate, int nthreads) {
+#ifdef TM_VNNI512
+    if (K % 64 == 0) {
+        uint8_t* xu = (uint8_t*)malloc((size_t)(M * K));
+        for (int64_t i = 0; i < M * K; ++i) xu[i] = (uint8_t)(xq[i] ^ 0x80);  // x + 128
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            const int8_t* wr = w + n * K;
+            int64_t m = 0;
+            for (; m + 4 <= M; m += 4) {
+                __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+                for (int64_t k = 0; k < K; k += 64) {
+                    __m512i wv = _mm512_loadu_si512((const void*)(wr + k));
+                    a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512((const void*)(xu + (m + 0) * K + k)), wv);
+                    a1 = _mm512_dpbusd_epi32(a1, _mm512_loadu_si512((const void*)(xu + (m + 1) * K + k)), wv);
+                    a2 = _mm512_dpbusd_epi32(a2, _mm512_loadu_si512((const void*)(xu + (m + 2) * K + k)), wv);
+                    a3 = _mm512_dpbusd_epi32(a3, _mm512_loadu_si512((const void*)(xu + (m + 3) * K + k)), wv);
+                }
+                int32_t acc[4] = {_mm512_reduce_add_epi32(a0), _mm512_reduce_add_epi32(a1),
+                                  _mm512_reduce_add_epi32(a2), _mm512_reduce_add_epi32(a3)};
+                for (int j = 0; j < 4; ++j) {
+                    float y = (float)(acc[j] - 128 * w_colsum[n]) * xs[m + j];
+                    y = y * ws[n];
+                    if (bias) y = y + bias[n];
+                    float* o = out + (m + j) * N + n;
+                    *o = accumulate ? *o + y : y;
+                }
+            }
+            for (; m < M; ++m) {
+                __m512i a = _mm512_setzero_si512();
+                for (int64_t k = 0; k < K; k += 64)
+                    a = _mm512_dpbusd_epi32(a, _mm512_loadu_si512((const void*)(xu + m * K + k)),
+                                            _mm512_loadu_si512((const void*)(wr + k)));
+                float y = (float)(_mm512_reduce_add_epi32(a) - 128 * w_colsum[n]) * xs[m];
+                y = y * ws[n];
+                if (bias) y = y + bias[n];
+                float* o = out + m * N + n;
+                *o = accumulate ? *o + y : y;
+            }
+        }
+        free(xu);
+        return;
+    }
+#endif
+    (void)w_colsum;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        const int8_t* wr = w + n * K;
+        for (int64_t m = 0; m < M; ++m) {
+            const int8_t* xr = xq + m * K;
+            int32_t acc = 0;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t k = 0; k < K; ++k) acc += (int32_t)xr[k] * (int32_t)wr[k];
+            float y = (float)acc * xs[m];
+            y = y * ws[n];
+            if (bias) y = y + bias[n];
+            float* o = out + m * N + n;
+            *o = accumulate ? *o + y : y;
+        }
+    }
+}
+
+// Decode attention straight from the paged cache (no gather), one query token per sequence.
+// q: [B, nh, hd]; kv: one layer's cache [2, num_blocks, block_size, nkv, hd];
+// block_table: [B, max_blocks]; seq_lens: [B] (keys 0..len-1 are visible, minus the
+// sliding window when window > 0); out: [B, nh, hd]. One task per sequence reads each
+// token's K/V record (all heads) once, in order.
+void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_blocks,
+                               const int64_t* block_table, const int64_t* seq_lens, int64_t B,
+                               int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int64_t max_blocks,
+                               float scale, int64_t window, float* out, int nthreads) {
+    const int64_t G = nh / nkv;
+    const int64_t rec = nkv * hd;  // floats per token record
+    const float* vbase = kv + num_blocks * bs * rec;
+#pragma omp parallel num_threads(nthreads)
+    {
+        int64_t cap = 0;
+        float* scores = NULL;  // [n, nh]
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < B; ++b) {
+            const int64_t len = seq_lens[b];
+            const int64_t start = (window > 0 && len > window) ? len - window : 0;
+            const int64_t n = len - start;
+            if (n * nh > cap) {
+                free(scores);
+                cap = n * nh;
+                scores = (float*)malloc(sizeof(float) * (size_t)cap);
+            }
+            const int64_t* bt = block_table + b * max_blocks;
+            const float* qb = q + b * nh * hd;
+            for (int64_t t = start; t < len; ++t) {
+                const float* k = kv + (bt[t / bs] * bs + t % bs) * rec;
+                float* st = scores + (t - start) * nh;
+                for (int64_t h = 0; h < nh; ++h) {
+                    const float* kh = k + (h / G) * hd;
+                    const float* qh = qb + h * hd;
+                    float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+                    for (int64_t d = 0; d < hd; ++d) acc += qh[d] * kh[d];
+                    st[h] = acc * scale;
+                }
+            }
+            for (int64_t h = 0; h < nh; ++h) {
+                float mx = -INFINITY;
+                for (int64_t i = 0; i < n; ++i) mx = fmaxf(mx, scores[i * nh + h]);
+                float sum = 0.f;
+                for (int64_t i = 0; i < n; ++i) {
+                    float e = expf(scores[i * nh + h] - mx);
+                    scores[i * nh + h] = e;
+                    sum += e;
+                }
+                float inv = 1.f / sum;
+                for (int64_t i = 0; i < n; ++i) scores[i * nh + h] *= inv;
+            }
+            float* ob = out + b * nh * hd;
+            memset(ob, 0, sizeof(float) * (size_t)(nh * hd));
+            for (int64_t t = start; t < len; ++t) {
+                const float* v = vbase + (bt[t / bs] * bs + t % bs) * rec;
+                const float* pt = scores + (t - start) * nh;
+                for (int64_t h = 0; h < nh; ++h) {
+                    const float* vh = v + (h / G) * hd;
+                    const float p = pt[h];
+                    float* oh = ob + h * hd;
+#pragma omp simd
+                    for (int64_t d = 0; d < hd; ++d) oh[d] += p * vh[d];
+                }
+            }
+        }
+        free(scores);
+    }
+}
+
+// ---------------------------------------------------------------- fused elementwise ops
+// Each row is processed independently and identically whatever M is (batch invariance).
+
+static inline float rms_inv(const float* x, int64_t K, float eps) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t k = 0; k < K; ++k) ss += x[k] * x[k];
+    return 1.0f / sqrtf(ss / (float)K + eps);
+}
+
+static inline void quantize_row(const float* v, int64_t K, int8_t* q, float* scale) {
+    float amax = 0.f;
+    for (int64_t k = 0; k < K; ++k) {
+        float a = fabsf(v[k]);
+        amax = a > amax ? a : amax;
+    }
+    if (amax < 1e-12f) amax = 1e-12f;
+    float s = amax / 127.0f;
+    *scale = s;
+    for (int64_t k = 0; k < K; ++k) q[k] = (int8_t)nearbyintf(v[k] / s);
+}
+
+// out = x * rsqrt(mean(x^2) + eps) * w
+void tm_rmsnorm(const float* x, const float* w, int64_t M, int64_t K, float eps, float* out, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 8)
+    for (int64_t m = 0; m < M; ++m) {
+        const float* xr = x + m * K;
+        float inv = rms_inv(xr, K, eps);
+        float* o = out + m * K;
+#pragma omp simd
+        for (int64_t k = 0; k < K; ++k) o[k] = (xr[k] * inv) * w[k];
+    }
+}
+
+// RMSNorm then per-row int8 quantization (the normalized row never leaves the cache).
+void tm_rmsnorm_quant(const float* x, const float* w, int64_t M, int64_t K, float eps, int8_t* q,
+                      float* scale, int nthreads) {
+#pragma omp parallel num_threads(nthreads) if (M > 8)
+    {
+        float* tmp = (float*)malloc(sizeof(float) * (size_t)K);
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; ++m) {
+            const float* xr = x + m * K;
+            float inv = rms_inv(xr, K, eps);
+#pragma omp simd
+            for (int64_t k = 0; k < K; ++k) tmp[k] = (xr[k] * inv) * w[k];
+            quantize_row(tmp, K, q + m * K, scale + m);
+        }
+        free(tmp);
+    }
+}
+
+// Per-row quantization of a (possibly strided) [M, K] float matrix.
+void tm_quantize_rows_strided(const float* x, int64_t M, int64_t K, int64_t stride, int8_t* q,
+                              float* scale, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 8)
+    for (int64_t m = 0; m < M; ++m) quantize_row(x + m * stride, K, q + m * K, scale + m);
+}
+
+// gate_up: [M, 2I] (gate | up) -> silu(gate) * up, quantized per row.
+void tm_silu_mul_quant(const float* gu, int64_t M, int64_t I, int8_t* q, float* scale, int nthreads) {
+#pragma omp parallel num_threads(nthreads) if (M > 8)
+    {
+        float* tmp = (float*)malloc(sizeof(float) * (size_t)I);
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; ++m) {
+            const float* g = gu + m * 2 * I;
+            const float* u = g + I;
+            for (int64_t i = 0; i < I; ++i) tmp[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+            quantize_row(tmp, I, q + m * I, scale + m);
+        }
+        free(tmp);
+    }
+}
+
+// out[m, n] = ((float)acc[m, n] * xs[m]) * ws[n] (+ bias[n]) (+ out[m, n] when accumulate).
+void tm_dequant_i32(const int32_t* acc, const float* xs, const float* ws, const float* bias, int64_t M,
+                    int64_t N, int accumulate, float* out, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M * N > 65536)
+    for (int64_t m = 0; m < M; ++m) {
+        const int32_t* a = acc + m * N;
+        float* o = out + m * N;
+        const float x = xs[m];
+        for (int64_t n = 0; n < N; ++n) {
+            float y = ((float)a[n] * x) * ws[n];
+            if (bias) y = y + bias[n];
+            o[n] = accumulate ? o[n] + y : y;
+        }
+    }
+}
+
+// In-place rotate-half RoPE on the first `nheads` heads of each row of x ([T, row_stride]
+// floats; heads of hd floats from the row start). cos/sin: [max_pos, hd/2].
+void tm_rope_neox(float* x, int64_t T, int64_t row_stride, int64_t nheads, int64_t hd,
+                  const int64_t* positions, const float* cos_t, const float* sin_t, int nthreads) {
+    const int64_t half = hd / 2;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (T > 8)
+    for (int64_t t = 0; t < T; ++t) {
+        const float* c = cos_t + positions[t] * half;
+        const float* s = sin_t + positions[t] * half;
+        for (int64_t h = 0; h < nheads; ++h) {
+            float* x1 = x + t * row_stride + h * hd;
+            float* x2 = x1 + half;
+#pragma omp simd
+            for (int64_t i = 0; i < half; ++i) {
+                float a = x1[i], b = x2[i];
+                x1[i] = a * c[i] - b * s[i];
+                x2[i] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}

@@ -1,0 +1,128 @@
+"""Torch-facing wrappers of the C kernels. Callers check kernels_available() first."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenmill.kernels.build import load_kernels
+
+
+def kernels_available() -> bool:
+    return load_kernels() is not None
+
+
+def _p(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    m, k = x.shape
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    load_kernels().tm_rmsnorm(_p(x), _p(weight), m, k, eps, _p(out), _threads())
+    return out
+
+
+def rmsnorm_quant(
+    x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = x.shape
+    x = x.contiguous()
+    q = torch.empty(m, k, dtype=torch.int8)
+    scale = torch.empty(m, 1, dtype=torch.float32)
+    load_kernels().tm_rmsnorm_quant(_p(x), _p(weight), m, k, eps, _p(q), _p(scale), _threads())
+    return q, scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8; x may be a row-strided view (last dim contiguous)."""
+    m, k = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    q = torch.empty(m, k, dtype=torch.int8)
+    scale = torch.empty(m, 1, dtype=torch.float32)
+    load_kernels().tm_quantize_rows_strided(_p(x), m, k, x.stride(0), _p(q), _p(scale), _threads())
+    return q, scale
+
+
+def silu_mul_quant(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    m, two_i = gate_up.shape
+    gate_up = gate_up.contiguous()
+    i = two_i // 2
+    q = torch.empty(m, i, dtype=torch.int8)
+    scale = torch.empty(m, 1, dtype=torch.float32)
+    load_kernels().tm_silu_mul_quant(_p(gate_up), m, i, _p(q), _p(scale), _threads())
+    return q, scale
+
+
+def int8_linear(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,  # [N, K] int8, row-major
+    weight_colsum: torch.Tensor,  # [N] int32
+    weight_scale: torch.Tensor,  # [N] float32
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None = None,  # given: accumulate into it (residual add)
+) -> torch.Tensor:
+    m, k = x_q.shape
+    n = weight.shape[0]
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.float32)
+    load_kernels().tm_int8_linear(
+        _p(x_q), _p(x_scale), _p(weight), _p(weight_colsum), _p(weight_scale), _p(bias),
+        m, n, k, _p(out), int(accumulate), _threads(),
+    )  # fmt: skip
+    return out
+
+
+def dequant_i32(
+    acc: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    m, n = acc.shape
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.float32)
+    load_kernels().tm_dequant_i32(
+        _p(acc), _p(x_scale), _p(weight_scale), _p(bias), m, n, int(accumulate), _p(out), _threads()
+    )
+    return out
+
+
+def rope_neox_(
+    x: torch.Tensor, num_heads: int, head_dim: int, positions: torch.Tensor, cos, sin
+) -> None:
+    """In place on the first num_heads heads of each row of x ([T, row], row-contiguous)."""
+    t = x.shape[0]
+    assert x.stride(1) == 1
+    load_kernels().tm_rope_neox(
+        _p(x), t, x.stride(0), num_heads, head_dim, _p(positions), _p(cos), _p(sin), _threads()
+    )
+
+
+def paged_attention_decode(
+    q: torch.Tensor,  # [B, nh, hd] contiguous
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size * nkv * hd]
+    block_table: torch.Tensor,  # [B, max_blocks] int64
+    seq_lens: torch.Tensor,  # [B] int64
+    num_kv_heads: int,
+    block_size: int,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    b, nh, hd = q.shape
+    out = torch.empty_like(q)
+    load_kernels().tm_paged_attention_decode(
+        _p(q), _p(kv_cache), kv_cache.shape[1], _p(block_table), _p(seq_lens),
+        b, nh, num_kv_heads, hd, block_size, block_table.shape[1], scale, window or 0,
+        _p(out), _threads(),
+    )  # fmt: skip
+    return out
