@@ -52,7 +52,9 @@ The machine should be otherwise idle: the load average is printed before and aft
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import io
 import json
 import os
 import platform
@@ -81,8 +83,8 @@ DEFAULT_VARIANTS = ("Q4_1", "F16", "F32")
 TOKEN_ID_RANGE = (100, 40000)
 GiB = 1 << 30
 
-log = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+log = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 # --------------------------------------------------------------------------- configuration
@@ -157,6 +159,7 @@ class Result:
     batch_prompt_tps: float | None = None  # (a) S_PP
     batch_total_tps: float | None = None  # (a) S
     seconds: float = 0.0  # time spent on this system, loading included
+    foreign_cpu: float = 0.0  # share of the CPUs other processes used meanwhile (0..1)
     error: str | None = None
 
 
@@ -189,13 +192,51 @@ class BatchTiming:
 @dataclass
 class Limits:
     threads: int
-    bandwidth_gbs: float
+    reps: int
+    probe_bytes: int
+    sum_gbs: float  # torch.sum over bw_bytes of float32 (DRAM-sized working set)
+    gemv_gbs: float  # torch.mv, same bytes of matrix
+    cached_gbs: float  # torch.sum over a weights-sized (int8 model) working set
+    cached_bytes: int
     gemm_gflops: float
     n_params: int
+    l3_cache: str
     bytes_per_token: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def bandwidth_gbs(self) -> float:
+        return max(self.sum_gbs, self.gemv_gbs)
 
     def ceiling(self, precision: str) -> float:
         return self.bandwidth_gbs * 1e9 / self.bytes_per_token[precision]
+
+
+class CpuMonitor:
+    """CPU time that other processes used: busy time from /proc/stat minus this process's own
+    (children included). Benchmarks on a shared machine are only valid when this stays near 0."""
+
+    def __init__(self) -> None:
+        self.ncpu = os.cpu_count() or 1
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.last = self._sample()
+
+    def _sample(self) -> tuple[float, float, float]:
+        try:
+            values = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        except (OSError, ValueError):
+            values = [0] * 5
+        busy = (sum(values[:8]) - values[3] - values[4]) / self.tick  # minus idle, iowait
+        t = os.times()
+        own = t.user + t.system + t.children_user + t.children_system
+        return time.monotonic(), busy, own
+
+    def foreign_share(self) -> float:
+        """Share of all CPUs other processes used since the last call (0..1)."""
+        now = self._sample()
+        wall = max(now[0] - self.last[0], 1e-9)
+        foreign = (now[1] - self.last[1]) - (now[2] - self.last[2])
+        self.last = now
+        return max(0.0, foreign / (wall * self.ncpu))
 
 
 def median(values: Sequence[float]) -> float:
@@ -225,25 +266,49 @@ def count_gguf_params(path: Path) -> int:
     return sum(int(t.n_elements) for t in GGUFReader(str(path)).tensors)
 
 
-def measure_bandwidth(nbytes: int, reps: int) -> float:
-    """Read bandwidth in GB/s: one pass of torch.sum over a float32 tensor of `nbytes`."""
+def l3_cache_size() -> str:
+    try:
+        size = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+    except OSError:
+        return "unknown"
+    if size.endswith("K") and size[:-1].isdigit():
+        return f"{int(size[:-1]) / 1024:g} MiB"
+    return size
+
+
+def measure_bandwidth(nbytes: int, reps: int) -> tuple[float, float]:
+    """Read bandwidth in GB/s over `nbytes` of float32: torch.sum, and torch.mv (a GEMV, what
+    single-stream decode does) over the same bytes viewed as a matrix."""
     big = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1.0)
-    return big.numel() * 4 / best_time(big.sum, reps) / 1e9
+    matrix = big.view(-1, 8192)
+    vector = torch.ones(8192)
+    sum_gbs = nbytes / best_time(big.sum, reps) / 1e9
+    gemv_gbs = nbytes / best_time(lambda: torch.mv(matrix, vector), reps) / 1e9
+    return sum_gbs, gemv_gbs
 
 
 def measure_limits(threads: int, sizes: Sizes, model_path: Path) -> Limits:
     torch.set_num_threads(threads)
-    bandwidth = measure_bandwidth(sizes.bw_bytes, sizes.limit_reps)
+    reps = sizes.limit_reps
+    sum_gbs, gemv_gbs = measure_bandwidth(sizes.bw_bytes, reps)
+    n_params = count_gguf_params(model_path)
+    small = torch.ones(n_params // 4)  # as many bytes as the int8 weights
+    cached_bytes = small.numel() * 4
+    cached_gbs = cached_bytes / best_time(small.sum, reps) / 1e9
     n = 2048
     a, b = torch.randn(n, n), torch.randn(n, n)
-    t = best_time(lambda: torch.mm(a, b), sizes.limit_reps)
-    gemm = 2 * n**3 / t / 1e9
-    n_params = count_gguf_params(model_path)
+    gemm = 2 * n**3 / best_time(lambda: torch.mm(a, b), reps) / 1e9
     return Limits(
         threads=threads,
-        bandwidth_gbs=bandwidth,
+        reps=reps,
+        probe_bytes=sizes.bw_bytes,
+        sum_gbs=sum_gbs,
+        gemv_gbs=gemv_gbs,
+        cached_gbs=cached_gbs,
+        cached_bytes=cached_bytes,
         gemm_gflops=gemm,
         n_params=n_params,
+        l3_cache=l3_cache_size(),
         bytes_per_token={"fp32": 4.0 * n_params, "int8": 1.0 * n_params},
     )
 
@@ -346,9 +411,10 @@ def bench_hf(sizes: Sizes, work: Workload, model_path: Path, threads: int) -> Re
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(threads)
     result = Result("HF transformers fp32")
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_path.parent), gguf_file=model_path.name, dtype=torch.float32
-    ).eval()
+    with contextlib.redirect_stderr(io.StringIO()):  # the GGUF de-quantizing progress bar
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_path.parent), gguf_file=model_path.name, dtype=torch.float32
+        ).eval()
     pad_id = model.generation_config.pad_token_id
     if pad_id is None:
         pad_id = model.generation_config.eos_token_id or 0
@@ -548,9 +614,13 @@ def ratio_lines(results: Sequence[Result]) -> list[str]:
 
 
 def limit_lines(limits: Limits, results: Sequence[Result]) -> list[str]:
+    probe = f"{limits.probe_bytes / GiB:g} GiB"
     lines = [
-        f"threads: {limits.threads} (torch.set_num_threads and llama.cpp -t)",
-        f"memory read bandwidth: {limits.bandwidth_gbs:.1f} GB/s (torch.sum over float32, best of runs)",
+        f"threads: {limits.threads} (torch.set_num_threads and llama.cpp -t); L3 cache {limits.l3_cache}",
+        f"memory read bandwidth: {limits.sum_gbs:.1f} GB/s torch.sum over {probe} float32, "
+        f"{limits.gemv_gbs:.1f} GB/s torch.mv over a {probe} matrix (best of {limits.reps}); "
+        f"{limits.cached_gbs:.1f} GB/s torch.sum over {limits.cached_bytes / 1e6:.0f} MB "
+        "(int8-weights-sized, may be cache-resident)",
         f"fp32 GEMM peak: {limits.gemm_gflops:,.0f} GFLOP/s (torch.mm 2048x2048)",
     ]
     decode = {r.system: r.decode_tps for r in results if r.error is None}
@@ -558,8 +628,8 @@ def limit_lines(limits: Limits, results: Sequence[Result]) -> list[str]:
         ceiling = limits.ceiling(precision)
         line = (
             f"ideal single-stream decode, {precision} weights "
-            f"({limits.bytes_per_token[precision] / 1e6:.0f} MB/token of {limits.n_params / 1e6:.1f}M params): "
-            f"{ceiling:.1f} tok/s"
+            f"({limits.bytes_per_token[precision] / 1e6:.0f} MB read per token): "
+            f"{ceiling:.1f} tok/s at {limits.bandwidth_gbs:.1f} GB/s"
         )
         if decode.get(system):
             line += f"; {system} reaches {decode[system] / ceiling:.0%} of it"
@@ -580,7 +650,7 @@ def print_console(
         out.print(line)
     out.print()
     out.print("[bold]Ratios[/]")
-    for line in ratio_lines(results):
+    for line in ratio_lines(results) or ["(no peer measured)"]:
         out.print("  " + line)
     if limits is not None:
         out.print("[bold]Physical limits[/]")
@@ -639,8 +709,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if load_before[0] > 0.5:
         log.print(f"[yellow]load average is {load_before[0]:.2f}: numbers may be low[/]")
 
+    monitor = CpuMonitor()
     log.print(f"{elapsed(t_start)} physical limits")
     limits = measure_limits(threads, sizes, model_path)
+    foreign = {"limits": monitor.foreign_share()}
 
     jobs: list[tuple[str, Callable[[], Result]]] = []
     if not args.skip_llama_cpp:
@@ -663,7 +735,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.print_exception(max_frames=4)
             result = Result(name, error=f"{type(exc).__name__}: {exc}")
         result.seconds = time.perf_counter() - t
-        log.print(f"{elapsed(t_start)} {name} done in {result.seconds:.1f}s")
+        result.foreign_cpu = foreign[name] = monitor.foreign_share()
+        log.print(
+            f"{elapsed(t_start)} {name} done in {result.seconds:.1f}s "
+            f"(other processes used {result.foreign_cpu:.0%} of the CPUs meanwhile)"
+        )
         results.append(result)
         gc.collect()
         torch.set_num_threads(threads)
@@ -680,6 +756,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"output tokens, decode phase only; {sizes.batch_label}: {sizes.batch} requests of "
         f"{sizes.batch_prompt} prompt + {sizes.batch_gen} output tokens (gen = S_TG, "
         "prompt = S_PP, total = S, as llama-batched-bench).",
+        "CPU share used by other processes while each was measured (should be ~0%): "
+        + ", ".join(f"{k} {v:.0%}" for k, v in foreign.items())
+        + ".",
     ]
     print_console(results, limits, sizes, context)
     if args.markdown:

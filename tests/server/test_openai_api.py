@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 
 import httpx
-import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -26,7 +25,11 @@ def test_models_health_version(server, client):
 
 
 def test_chat_completion_parses_strictly(server, client):
-    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "temperature": 0, "max_tokens": 32})
+    r = post(
+        server,
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": MESSAGES, "temperature": 0, "max_tokens": 32},
+    )
     assert r.status_code == 200 and r.headers["x-request-id"]
     parsed = ChatCompletion.model_validate(r.json(), strict=True)
     assert "Paris" in parsed.choices[0].message.content
@@ -34,7 +37,9 @@ def test_chat_completion_parses_strictly(server, client):
     usage = parsed.usage
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert usage.prompt_tokens_details.cached_tokens == 0
-    via_client = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=32)
+    via_client = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=32
+    )
     assert via_client.choices[0].message.content == parsed.choices[0].message.content
 
 
@@ -51,10 +56,15 @@ def test_chat_streaming_with_usage(client):
     for c in chunks:
         ChatCompletionChunk.model_validate(c.model_dump(), strict=True)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    final = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=32)
+    final = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=32
+    )
     assert text == final.choices[0].message.content
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == final.usage.completion_tokens
+    assert (
+        chunks[-1].choices == []
+        and chunks[-1].usage.completion_tokens == final.usage.completion_tokens
+    )
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
 
 
@@ -73,11 +83,25 @@ def test_raw_stream_ends_with_done(server):
 
 def test_n2_stop_seed_and_logprobs(client):
     r = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, n=2, temperature=1.0, seed=42, max_tokens=16, logprobs=True, top_logprobs=3
+        model=MODEL,
+        messages=MESSAGES,
+        n=2,
+        temperature=1.0,
+        seed=42,
+        max_tokens=16,
+        logprobs=True,
+        top_logprobs=3,
     )
     assert [c.index for c in r.choices] == [0, 1]
     again = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, n=2, temperature=1.0, seed=42, max_tokens=16, logprobs=True, top_logprobs=3
+        model=MODEL,
+        messages=MESSAGES,
+        n=2,
+        temperature=1.0,
+        seed=42,
+        max_tokens=16,
+        logprobs=True,
+        top_logprobs=3,
     )
     assert [c.message.content for c in r.choices] == [c.message.content for c in again.choices]
     for choice in r.choices:
@@ -87,42 +111,69 @@ def test_n2_stop_seed_and_logprobs(client):
     stopped = client.chat.completions.create(
         model=MODEL, messages=MESSAGES, temperature=0, max_tokens=32, stop=["Paris"]
     )
-    assert "Paris" not in stopped.choices[0].message.content and stopped.choices[0].finish_reason == "stop"
+    assert (
+        "Paris" not in stopped.choices[0].message.content
+        and stopped.choices[0].finish_reason == "stop"
+    )
 
 
 def test_completions_variants(server, client):
-    c = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0)
+    c = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0
+    )
     Completion.model_validate(c.model_dump(), strict=True)
     assert c.choices[0].text and c.usage.prompt_tokens == 5
-    many = client.completions.create(model=MODEL, prompt=["One, two,", "Red, green,"], max_tokens=4, temperature=0)
+    many = client.completions.create(
+        model=MODEL, prompt=["One, two,", "Red, green,"], max_tokens=4, temperature=0
+    )
     assert sorted(ch.index for ch in many.choices) == [0, 1]
     token_ids = post(server, "/tokenize", {"prompt": "The capital of France is"}).json()["tokens"]
     ids = client.completions.create(model=MODEL, prompt=token_ids, max_tokens=8, temperature=0)
     assert ids.choices[0].text == c.choices[0].text
     echo = client.completions.create(
-        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, echo=True, logprobs=2
+        model=MODEL,
+        prompt="The capital of France is",
+        max_tokens=4,
+        temperature=0,
+        echo=True,
+        logprobs=2,
     )
     lp = echo.choices[0].logprobs
     assert echo.choices[0].text.startswith("The capital of France is")
     assert lp.token_logprobs[0] is None and len(lp.tokens) == 5 + 4
     r = post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "suffix": "bye"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
-    stream = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True)
+    stream = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True
+    )
     assert "".join(ch.choices[0].text for ch in stream if ch.choices) == c.choices[0].text
 
 
 def test_max_completion_tokens_and_context_errors(server, client):
-    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=3, temperature=0)
+    r = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_completion_tokens=3, temperature=0
+    )
     assert r.usage.completion_tokens <= 3
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 5000}], "max_tokens": 5000}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi " * 5000}],
+        "max_tokens": 5000,
+    }
     err = post(server, "/v1/chat/completions", body).json()["error"]
-    assert err["code"] == "context_length_exceeded" and "8192" in err["message"] and "5000" in err["message"]
+    assert (
+        err["code"] == "context_length_exceeded"
+        and "8192" in err["message"]
+        and "5000" in err["message"]
+    )
 
 
 def test_tokenize_detokenize(server):
     r = post(server, "/tokenize", {"model": MODEL, "prompt": "Hello world"}).json()
     assert r["tokens"] == [19556, 905] and r["count"] == 2
-    assert post(server, "/detokenize", {"model": MODEL, "tokens": r["tokens"]}).json()["prompt"] == "Hello world"
+    assert (
+        post(server, "/detokenize", {"model": MODEL, "tokens": r["tokens"]}).json()["prompt"]
+        == "Hello world"
+    )
     chat = post(server, "/tokenize", {"model": MODEL, "messages": MESSAGES}).json()
     assert chat["count"] > 10
 
@@ -134,7 +185,11 @@ def test_32_concurrent_streams_match_offline_greedy(server, client):
 
     def stream_text(prompt: str) -> str:
         s = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=24, stream=True
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0,
+            max_tokens=24,
+            stream=True,
         )
         return "".join(c.choices[0].delta.content or "" for c in s if c.choices)
 
@@ -142,7 +197,8 @@ def test_32_concurrent_streams_match_offline_greedy(server, client):
         served = list(pool.map(stream_text, prompts))
     llm = LLM(kv_cache_memory_gib=0.25)
     offline = llm.chat(
-        [[{"role": "user", "content": p}] for p in prompts], SamplingParams(temperature=0, max_tokens=24)
+        [[{"role": "user", "content": p}] for p in prompts],
+        SamplingParams(temperature=0, max_tokens=24),
     )
     assert served == [o.outputs[0].text for o in offline]
 

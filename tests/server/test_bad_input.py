@@ -1,0 +1,299 @@
+"""Every client mistake gets the right 4xx with the OpenAI error envelope; the server stays healthy."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server.conftest import MODEL
+
+OK_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+OK_COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+
+
+def chat(**changes):
+    body = {**OK_CHAT, **changes}
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+CASES = [
+    # (id, method, path, body (dict -> JSON, bytes -> raw), headers, status, param)
+    ("bad-json", "POST", "/v1/chat/completions", b'{"model": "x", "messages": [', None, 400, None),
+    ("not-an-object", "POST", "/v1/chat/completions", b"[1, 2, 3]", None, 400, None),
+    ("empty-body", "POST", "/v1/chat/completions", b"", None, 400, None),
+    (
+        "wrong-content-type",
+        "POST",
+        "/v1/chat/completions",
+        b"model=x",
+        {"content-type": "application/x-www-form-urlencoded"},
+        415,
+        None,
+    ),
+    ("missing-messages", "POST", "/v1/chat/completions", chat(messages=...), None, 400, "messages"),
+    ("missing-model", "POST", "/v1/chat/completions", chat(model=...), None, 400, "model"),
+    ("empty-messages", "POST", "/v1/chat/completions", chat(messages=[]), None, 400, "messages"),
+    (
+        "messages-not-list",
+        "POST",
+        "/v1/chat/completions",
+        chat(messages="hi"),
+        None,
+        400,
+        "messages",
+    ),
+    (
+        "bad-role",
+        "POST",
+        "/v1/chat/completions",
+        chat(messages=[{"role": "wizard", "content": "x"}]),
+        None,
+        400,
+        "messages.0.role",
+    ),
+    (
+        "content-wrong-type",
+        "POST",
+        "/v1/chat/completions",
+        chat(messages=[{"role": "user", "content": 5}]),
+        None,
+        400,
+        "messages.0.content",
+    ),
+    (
+        "image-part",
+        "POST",
+        "/v1/chat/completions",
+        chat(
+            messages=[
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+            ]
+        ),
+        None,
+        400,
+        "messages.0.content",
+    ),
+    (
+        "temperature-string",
+        "POST",
+        "/v1/chat/completions",
+        chat(temperature="hot"),
+        None,
+        400,
+        "temperature",
+    ),
+    (
+        "temperature-negative",
+        "POST",
+        "/v1/chat/completions",
+        chat(temperature=-1),
+        None,
+        400,
+        "temperature",
+    ),
+    (
+        "temperature-too-high",
+        "POST",
+        "/v1/chat/completions",
+        chat(temperature=3),
+        None,
+        400,
+        "temperature",
+    ),
+    ("top-p-zero", "POST", "/v1/chat/completions", chat(top_p=0), None, 400, "top_p"),
+    ("top-p-above-one", "POST", "/v1/chat/completions", chat(top_p=1.5), None, 400, "top_p"),
+    (
+        "max-tokens-zero",
+        "POST",
+        "/v1/chat/completions",
+        chat(max_tokens=0),
+        None,
+        400,
+        "max_tokens",
+    ),
+    (
+        "max-tokens-float",
+        "POST",
+        "/v1/chat/completions",
+        chat(max_tokens=1.5),
+        None,
+        400,
+        "max_tokens",
+    ),
+    (
+        "max-tokens-string",
+        "POST",
+        "/v1/chat/completions",
+        chat(max_tokens="ten"),
+        None,
+        400,
+        "max_tokens",
+    ),
+    ("n-zero", "POST", "/v1/chat/completions", chat(n=0), None, 400, "n"),
+    ("n-too-many", "POST", "/v1/chat/completions", chat(n=1000), None, 400, "n"),
+    ("stream-not-bool", "POST", "/v1/chat/completions", chat(stream="yes"), None, 400, "stream"),
+    ("stop-number", "POST", "/v1/chat/completions", chat(stop=5), None, 400, "stop"),
+    ("stop-list-mixed", "POST", "/v1/chat/completions", chat(stop=["a", 1]), None, 400, "stop"),
+    (
+        "top-logprobs-too-many",
+        "POST",
+        "/v1/chat/completions",
+        chat(logprobs=True, top_logprobs=50),
+        None,
+        400,
+        "top_logprobs",
+    ),
+    (
+        "top-logprobs-without-logprobs",
+        "POST",
+        "/v1/chat/completions",
+        chat(top_logprobs=2),
+        None,
+        400,
+        "top_logprobs",
+    ),
+    (
+        "presence-penalty-range",
+        "POST",
+        "/v1/chat/completions",
+        chat(presence_penalty=5),
+        None,
+        400,
+        "presence_penalty",
+    ),
+    (
+        "logit-bias-bad-key",
+        "POST",
+        "/v1/chat/completions",
+        chat(logit_bias={"abc": 1}),
+        None,
+        400,
+        "logit_bias",
+    ),
+    (
+        "logit-bias-out-of-vocab",
+        "POST",
+        "/v1/chat/completions",
+        chat(logit_bias={"999999": 1}),
+        None,
+        400,
+        "logit_bias",
+    ),
+    (
+        "stop-token-out-of-vocab",
+        "POST",
+        "/v1/chat/completions",
+        chat(stop_token_ids=[10**7]),
+        None,
+        400,
+        "stop_token_ids",
+    ),
+    ("seed-string", "POST", "/v1/chat/completions", chat(seed="x"), None, 400, "seed"),
+    ("unknown-model", "POST", "/v1/chat/completions", chat(model="gpt-9"), None, 404, "model"),
+    (
+        "oversize-prompt",
+        "POST",
+        "/v1/chat/completions",
+        chat(messages=[{"role": "user", "content": "hello " * 9000}], max_tokens=...),
+        None,
+        400,
+        None,
+    ),
+    (
+        "prompt-plus-max-tokens",
+        "POST",
+        "/v1/chat/completions",
+        chat(max_tokens=8190),
+        None,
+        400,
+        "max_tokens",
+    ),
+    ("completion-missing-prompt", "POST", "/v1/completions", {"model": MODEL}, None, 400, "prompt"),
+    (
+        "completion-empty-prompt",
+        "POST",
+        "/v1/completions",
+        {**OK_COMPLETION, "prompt": ""},
+        None,
+        400,
+        "prompt",
+    ),
+    (
+        "completion-prompt-wrong-type",
+        "POST",
+        "/v1/completions",
+        {**OK_COMPLETION, "prompt": {"a": 1}},
+        None,
+        400,
+        "prompt",
+    ),
+    (
+        "completion-token-out-of-vocab",
+        "POST",
+        "/v1/completions",
+        {**OK_COMPLETION, "prompt": [1, 2, 10**8]},
+        None,
+        400,
+        "prompt",
+    ),
+    (
+        "completion-logprobs-too-many",
+        "POST",
+        "/v1/completions",
+        {**OK_COMPLETION, "logprobs": 50},
+        None,
+        400,
+        "logprobs",
+    ),
+    (
+        "completion-suffix",
+        "POST",
+        "/v1/completions",
+        {**OK_COMPLETION, "suffix": "x"},
+        None,
+        400,
+        "suffix",
+    ),
+    ("wrong-method-get-chat", "GET", "/v1/chat/completions", None, None, 405, None),
+    ("wrong-method-post-models", "POST", "/v1/models", OK_CHAT, None, 405, None),
+    ("unknown-endpoint", "GET", "/v1/engines", None, None, 404, None),
+    ("detokenize-bad-id", "POST", "/detokenize", {"tokens": [-1]}, None, 400, "tokens"),
+    ("tokenize-nothing", "POST", "/tokenize", {}, None, 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_request_gets_envelope(server, case):
+    _, method, path, body, headers, status, param = case
+    kwargs: dict = {"headers": headers or {}}
+    if isinstance(body, bytes):
+        kwargs["content"] = body
+        kwargs["headers"] = {"content-type": "application/json", **(headers or {})}
+    elif body is not None:
+        kwargs["json"] = body
+    r = httpx.request(method, f"{server.base_url}{path}", timeout=60, **kwargs)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    assert r.headers.get("x-request-id")
+
+
+def test_oversize_body_gets_413(server):
+    big = b'{"model": "x", "prompt": "' + b"a" * (5 * 1024 * 1024) + b'"}'
+    r = httpx.post(
+        f"{server.v1}/completions",
+        content=big,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 413 and r.json()["error"]["message"]
+
+
+def test_server_healthy_after_bad_inputs(server, client):
+    assert len(CASES) >= 25
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    r = client.chat.completions.create(model=MODEL, messages=OK_CHAT["messages"], max_tokens=4)
+    assert r.choices[0].message.content is not None
