@@ -16,7 +16,7 @@ from tokenmill.config import (
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.engine.processor import PromptType
 from tokenmill.outputs import RequestOutput
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
 Conversation = list[dict[str, Any]]
 
@@ -115,6 +115,9 @@ class LLM:
         ids = []
         try:
             for i, (prompt, params) in enumerate(items):
+                if params.output_kind == RequestOutputKind.CUMULATIVE:
+                    # generate() returns finished outputs only: skip building partial ones
+                    params = params.clone(output_kind=RequestOutputKind.FINAL_ONLY)
                 rid = engine.new_request_id()
                 engine.add_request(rid, prompt, params, priority[i] if priority else 0)
                 ids.append(rid)
