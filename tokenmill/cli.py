@@ -35,6 +35,34 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--num-threads", type=int, default=None, help="torch threads (default: all cores)"
     )
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument(
+        "--kv-offload-memory",
+        type=float,
+        default=0.0,
+        metavar="GIB",
+        help="host-memory tier for evicted KV blocks",
+    )
+    g.add_argument(
+        "--kv-offload-disk",
+        type=float,
+        default=0.0,
+        metavar="GIB",
+        help="disk tier for evicted KV blocks",
+    )
+    g.add_argument(
+        "--kv-offload-path",
+        default=None,
+        help="disk tier directory (default ~/.cache/tokenmill/kv)",
+    )
+    g.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        help="ZMQ PUB endpoint for KV events, e.g. tcp://*:5557",
+    )
+    g.add_argument(
+        "--kv-events-replay-endpoint", default=None, help="ZMQ ROUTER endpoint for event replay"
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -49,6 +77,12 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         scheduling_policy=args.scheduling_policy,
         num_threads=args.num_threads,
         seed=args.seed,
+        enable_prefix_caching=not args.no_prefix_caching,
+        kv_offload_memory_gib=args.kv_offload_memory,
+        kv_offload_disk_gib=args.kv_offload_disk,
+        kv_offload_path=args.kv_offload_path,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
     )
 
 
@@ -175,12 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(chat, max_tokens=512)
     chat.set_defaults(func=cmd_chat)
 
+    from tokenmill.server.cli import add_serve_parser
+
+    add_serve_parser(sub, add_engine_args)
     try:
-        from tokenmill.server.cli import add_serve_parser
-    except ImportError:
+        from tokenmill.bench.cli import add_bench_parser
+    except ImportError:  # the benchmark harness is optional
         pass
     else:
-        add_serve_parser(sub, add_engine_args)
+        add_bench_parser(sub)
     return parser
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tokenmill.sampling_params import RepetitionDetection
+
 GiB = 1 << 30
 
 
@@ -36,6 +38,14 @@ class CacheConfig:
     block_size: int = 16
     kv_cache_memory_bytes: int = 2 * GiB
     num_blocks_override: int | None = None  # tests force tiny pools with this
+    enable_prefix_caching: bool = True
+    # Lower tiers for evicted blocks (0 disables the tier).
+    offload_memory_bytes: int = 0
+    offload_disk_bytes: int = 0
+    offload_disk_path: str | None = None  # default: ~/.cache/tokenmill/kv/<model fingerprint>
+    # KV events (ZMQ PUB + replay ROUTER endpoints), e.g. "tcp://*:5557"
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -44,6 +54,8 @@ class CacheConfig:
             raise ValueError("kv_cache_memory_bytes: must be positive")
         if self.num_blocks_override is not None and self.num_blocks_override < 1:
             raise ValueError("num_blocks_override: must be >= 1")
+        if self.offload_memory_bytes < 0 or self.offload_disk_bytes < 0:
+            raise ValueError("offload sizes must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -76,3 +88,5 @@ class EngineConfig:
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     num_threads: int = field(default_factory=default_num_threads)
     device: str = "cpu"
+    # Loop cut-off for requests that do not set their own (None: off).
+    repetition_detection: RepetitionDetection | None = field(default_factory=RepetitionDetection)

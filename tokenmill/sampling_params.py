@@ -6,7 +6,25 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill.structured.spec import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class RepetitionDetection:
+    """A cycle of `period` tokens (1..max_period) repeated `min_repeats` times, spanning at
+    least `min_span` tokens, ends the sequence with stop_reason "repetition"."""
+
+    max_period: int = 32
+    min_repeats: int = 4
+    min_span: int = 48
+
+    def __post_init__(self) -> None:
+        if self.max_period < 1 or self.min_repeats < 2 or self.min_span < 2:
+            raise ValueError(
+                "repetition_detection: needs max_period >= 1, min_repeats >= 2, min_span >= 2"
+            )
 
 
 class RequestOutputKind(enum.Enum):
@@ -36,6 +54,10 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    # Loop cut-off: end the sequence when its tail repeats a cycle of 1..max_period tokens
+    # at least min_repeats times (None: the engine's default; False: off).
+    repetition_detection: RepetitionDetection | bool | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled by the engine from the tokenizer, not by users.
     extra_args: dict[str, Any] = field(default_factory=dict)
@@ -104,6 +126,14 @@ class SamplingParams:
             or not all(is_int(k) and is_num(v) for k, v in self.logit_bias.items())
         ):
             fail("logit_bias", "must map token ids to numbers")
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            fail("structured_outputs", "must be a StructuredOutputsParams")
+        if self.repetition_detection not in (None, True, False) and not isinstance(
+            self.repetition_detection, RepetitionDetection
+        ):
+            fail("repetition_detection", "must be a RepetitionDetection, true/false or None")
         if not isinstance(self.output_kind, RequestOutputKind):
             fail("output_kind", f"must be a RequestOutputKind, got {self.output_kind!r}")
 

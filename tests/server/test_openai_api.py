@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import re
 
 import httpx
 from openai.types import Completion
@@ -226,3 +227,39 @@ def test_request_id_echoed(server):
     r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "max_tokens": 2},
              headers={"X-Request-Id": "my-trace-123"})  # fmt: skip
     assert r.headers["x-request-id"] == "my-trace-123"
+
+
+def test_prefix_cache_cached_tokens_and_reset(server, client):
+    system = "You are a meticulous assistant. " + " ".join(
+        f"Rule {i}: answer precisely." for i in range(40)
+    )
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Say yes."}]
+    first = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, temperature=0
+    )
+    second = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, temperature=0
+    )
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens - 16 and cached % 16 == 0
+    assert second.choices[0].message.content == first.choices[0].message.content
+    salted = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=2,
+        temperature=0,
+        extra_body={"cache_salt": "tenant-b"},
+    )
+    assert salted.usage.prompt_tokens_details.cached_tokens == 0
+    text = httpx.get(f"{server.base_url}/metrics").text
+    hits = float(
+        re.search(r"^tokenmill:prefix_cache_hits_total\{[^}]*\} (\S+)$", text, re.M).group(1)
+    )
+    assert hits >= cached
+    r = httpx.post(f"{server.base_url}/reset_prefix_cache", timeout=30)
+    assert r.status_code == 200 and r.json() == {"reset": True}
+    third = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, temperature=0
+    )
+    assert third.usage.prompt_tokens_details.cached_tokens == 0

@@ -111,6 +111,7 @@ class AsyncLLM:
         params: SamplingParams,
         prompt: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         if not self.healthy:
             raise EngineDeadError(self.dead_reason or "the engine core is not running")
@@ -130,7 +131,7 @@ class AsyncLLM:
         try:
             await self.client.add_requests(
                 self.processor.make_requests(
-                    request_id, prompt_token_ids, params, child_ids, now, priority
+                    request_id, prompt_token_ids, params, child_ids, now, priority, cache_salt
                 )
             )
             while True:

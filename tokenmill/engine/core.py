@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 
 import torch
 
 from tokenmill.config import EngineConfig
-from tokenmill.engine.core_types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from tokenmill.engine.core_types import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    SchedulerStats,
+)
+from tokenmill.kv.events import KVEventCollector, KVEventPublisher
 from tokenmill.kv.manager import KVCacheManager, cdiv
+from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
 from tokenmill.model.linear import get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.loader import ModelFiles, load_model_files
+from tokenmill.sampling_params import RepetitionDetection
 from tokenmill.scheduler.request import Request, RequestStatus
 from tokenmill.scheduler.scheduler import Scheduler
+from tokenmill.structured.grammar import GrammarCompiler
+from tokenmill.structured.loops import RepetitionDetector
 from tokenmill.worker.model_runner import ModelRunner, kv_bytes_per_block
 
 logger = logging.getLogger(__name__)
@@ -66,12 +78,27 @@ class EngineCore:
         # A sequence can never grow beyond what the whole pool holds.
         self.max_model_len = min(model_len, num_blocks * cache.block_size)
         self.vocab_size = arch.vocab_size
-        self.kv_manager = KVCacheManager(num_blocks, cache.block_size)
-        self.scheduler = Scheduler(config.scheduler_config, self.kv_manager, self.max_model_len)
         self.runner = ModelRunner(
             self.model, num_blocks, cache.block_size, kv_dtype=kv_dtype, device=config.device
         )
+        self.events = KVEventCollector(cache.block_size)
+        self.publisher = (
+            KVEventPublisher(cache.kv_events_endpoint, cache.kv_events_replay_endpoint)
+            if cache.kv_events_endpoint
+            else None
+        )
+        store = self._build_tiers(files, kv_dtype) if cache.enable_prefix_caching else None
+        self.kv_manager = KVCacheManager(
+            num_blocks,
+            cache.block_size,
+            enable_caching=cache.enable_prefix_caching,
+            store=store,
+            block_io=self.runner,
+            events=self.events,
+        )
+        self.scheduler = Scheduler(config.scheduler_config, self.kv_manager, self.max_model_len)
         self.num_blocks = num_blocks
+        self._grammar_compiler: GrammarCompiler | None = None
         logger.info(
             "engine ready: %s, %d KV blocks x %d tokens, max_model_len %d, %.1fs",
             self.model_name,
@@ -81,6 +108,33 @@ class EngineCore:
             time.monotonic() - t0,
         )
 
+    def _build_tiers(self, files: ModelFiles, kv_dtype: torch.dtype) -> TieredStore | None:
+        cache = self.config.cache_config
+        if not cache.offload_memory_bytes and not cache.offload_disk_bytes:
+            return None
+        host = HostTier(cache.offload_memory_bytes) if cache.offload_memory_bytes else None
+        disk = None
+        if cache.offload_disk_bytes:
+            fingerprint = hashlib.sha256(
+                repr(
+                    (
+                        str(files.path),
+                        files.arch,
+                        self.config.model_config.quantization,
+                        cache.block_size,
+                        kv_dtype,
+                    )
+                ).encode()
+            ).hexdigest()[:16]
+            path = cache.offload_disk_path or os.path.join(
+                os.environ.get("TOKENMILL_CACHE") or os.path.expanduser("~/.cache/tokenmill"), "kv"
+            )
+            block_shape = tuple(self.runner.read_block(0).shape)
+            disk = DiskTier(
+                os.path.join(path, fingerprint), cache.offload_disk_bytes, block_shape, kv_dtype
+            )
+        return TieredStore(host, disk, listener=self.events.tier_listener)
+
     # ------------------------------------------------------------ requests
 
     def add_request(self, req: EngineCoreRequest) -> None:
@@ -88,17 +142,34 @@ class EngineCore:
         bound = self.config.scheduler_config.max_waiting_requests
         if bound is not None and self.scheduler.num_waiting >= bound:
             raise QueueFullError(f"the waiting queue is full ({bound} requests)")
-        self.scheduler.add_request(
-            Request(
-                req.request_id,
-                req.prompt_token_ids,
-                req.sampling_params,
-                self.tokenizer.eos_token_ids,
-                self.max_model_len,
-                arrival_time=req.arrival_time,
-                priority=req.priority,
-            )
+        request = Request(
+            req.request_id,
+            req.prompt_token_ids,
+            req.sampling_params,
+            self.tokenizer.eos_token_ids,
+            self.max_model_len,
+            arrival_time=req.arrival_time,
+            priority=req.priority,
+            cache_salt=req.cache_salt,
         )
+        params = req.sampling_params
+        if params.structured_outputs is not None:
+            request.grammar = self.grammar_compiler.matcher(params.structured_outputs)
+        repetition = params.repetition_detection
+        if repetition is None or repetition is True:
+            repetition = (
+                self.config.repetition_detection if repetition is None else RepetitionDetection()
+            )
+        if repetition:
+            request.repetition = RepetitionDetector(repetition)
+        self.scheduler.add_request(request)
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Built on first use (building the llguidance tokenizer takes a fraction of a second)."""
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size)
+        return self._grammar_compiler
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
@@ -109,9 +180,35 @@ class EngineCore:
     # ------------------------------------------------------------ one step
 
     def step(self) -> EngineCoreOutputs:
+        outs = self._step()
+        self._publish_events()
+        return outs
+
+    def _publish_events(self) -> None:
+        events = self.events.take()
+        if self.publisher is not None and events:
+            self.publisher.publish(events)
+
+    def stats(self) -> SchedulerStats:
+        stats = self.scheduler.stats()
+        stats.prefix_cache_hits_by_medium = dict(self.kv_manager.stats.hits_by_medium)
+        if self.kv_manager.store is not None:
+            stats.kv_tiers = self.kv_manager.store.stats()
+        return stats
+
+    def reset_prefix_cache(self) -> bool:
+        ok = self.kv_manager.reset_prefix_cache()
+        self._publish_events()
+        return ok
+
+    def shutdown(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+
+    def _step(self) -> EngineCoreOutputs:
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            return EngineCoreOutputs(stats=self.scheduler.stats())
+            return EngineCoreOutputs(stats=self.stats())
         now = time.monotonic()
         for sr in sched.scheduled:
             if sr.request.first_scheduled_time is None:
@@ -124,9 +221,9 @@ class EngineCore:
             ids = [sr.request.request_id for sr in sched.scheduled]
             failed = self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
             outs = [EngineCoreOutput(r.request_id, [], finish_reason="error") for r in failed]
-            return EngineCoreOutputs(outs, self.scheduler.stats())
+            return EngineCoreOutputs(outs, self.stats())
         outputs = self.scheduler.update_from_output(sched, result)
-        return EngineCoreOutputs(outputs, self.scheduler.stats())
+        return EngineCoreOutputs(outputs, self.stats())
 
     def check_invariants(self) -> None:
         """Block accounting: free + used = total, and requests hold exactly the used refs."""

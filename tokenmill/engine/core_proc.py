@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 import traceback
 from typing import Any
@@ -68,7 +69,7 @@ class EngineCoreProc:
                 self.output.send_multipart([b"OUT", encode_outputs(outs)])
                 last_stats = time.monotonic()
             elif time.monotonic() - last_stats > _IDLE_POLL_MS / 1000:
-                stats = EngineCoreOutputs(stats=self.core.scheduler.stats())
+                stats = EngineCoreOutputs(stats=self.core.stats())
                 self.output.send_multipart([b"OUT", encode_outputs(stats)])
                 last_stats = time.monotonic()
 
@@ -107,6 +108,17 @@ class EngineCoreProc:
         if method == "check_invariants":
             self.core.check_invariants()
             return True
+        if method == "reset_prefix_cache":
+            return self.core.reset_prefix_cache()
+        if method == "kv_stats":
+            s = self.core.stats()
+            return {
+                "prefix_cache_queries": s.prefix_cache_queries,
+                "prefix_cache_hits": s.prefix_cache_hits,
+                "hits_by_medium": s.prefix_cache_hits_by_medium,
+                "tiers": s.kv_tiers,
+                "kv_cache_usage": s.kv_cache_usage,
+            }
         raise ValueError(f"unknown utility method {method!r}")
 
 
@@ -118,13 +130,16 @@ def run_engine_core(
         level=log_level, format="%(asctime)s %(levelname)s engine-core: %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when to stop
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: KV event sockets close
     proc = None
     try:
         core = EngineCore(config)
         proc = EngineCoreProc(core, input_addr, output_addr)
         proc.send_ready()
-        proc.run()
+        try:
+            proc.run()
+        finally:
+            core.shutdown()
     except Exception:
         text = traceback.format_exc()
         logger.error("engine core failed:\n%s", text)

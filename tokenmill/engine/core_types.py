@@ -18,6 +18,7 @@ class EngineCoreRequest:
     sampling_params: SamplingParams
     arrival_time: float
     priority: int = 0
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -44,8 +45,12 @@ class SchedulerStats:
     num_waiting_reqs: int = 0
     kv_cache_usage: float = 0.0
     num_preemptions: int = 0
+    num_repetition_cutoffs: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # per tier ("device"/"host"/"disk"): prefix hit tokens and tier counters
+    prefix_cache_hits_by_medium: dict = field(default_factory=dict)
+    kv_tiers: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -37,10 +37,26 @@ def build_engine_config(
     scheduling_policy: str = "fcfs",
     max_waiting_requests: int | None = None,
     num_threads: int | None = None,
+    enable_prefix_caching: bool = True,
+    kv_offload_memory_gib: float = 0.0,
+    kv_offload_disk_gib: float = 0.0,
+    kv_offload_path: str | None = None,
+    kv_events_endpoint: str | None = None,
+    kv_events_replay_endpoint: str | None = None,
 ) -> EngineConfig:
     return EngineConfig(
         model_config=ModelConfig(model, dtype, quantization, max_model_len, seed),
-        cache_config=CacheConfig(block_size, int(kv_cache_memory_gib * GiB), num_kv_blocks),
+        cache_config=CacheConfig(
+            block_size,
+            int(kv_cache_memory_gib * GiB),
+            num_kv_blocks,
+            enable_prefix_caching,
+            int(kv_offload_memory_gib * GiB),
+            int(kv_offload_disk_gib * GiB),
+            kv_offload_path,
+            kv_events_endpoint,
+            kv_events_replay_endpoint,
+        ),
         scheduler_config=SchedulerConfig(
             max_num_seqs,
             max_num_batched_tokens,

@@ -39,13 +39,14 @@ class LLMEngine:
         prompt: PromptType,
         params: SamplingParams,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         text, token_ids = self.processor.tokenize_prompt(prompt)
         self.processor.validate(token_ids, params)
         child_ids = self.output_processor.add_request(request_id, text, token_ids, params)
         try:
             for req in self.processor.make_requests(
-                request_id, token_ids, params, child_ids, time.monotonic(), priority
+                request_id, token_ids, params, child_ids, time.monotonic(), priority, cache_salt
             ):
                 self.core.add_request(req)
         except Exception:

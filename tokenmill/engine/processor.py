@@ -65,6 +65,7 @@ class InputProcessor:
         child_ids: list[str],
         arrival_time: float,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> list[EngineCoreRequest]:
         """One core request per sample; seeded samples get distinct, reproducible seeds."""
         reqs = []
@@ -73,7 +74,9 @@ class InputProcessor:
                 params if params.seed is None or i == 0 else params.clone(seed=params.seed + i)
             )
             reqs.append(
-                EngineCoreRequest(cid, prompt_token_ids, child_params, arrival_time, priority)
+                EngineCoreRequest(
+                    cid, prompt_token_ids, child_params, arrival_time, priority, cache_salt
+                )
             )
         return reqs
 

@@ -13,7 +13,8 @@ from tokenmill.engine.core_types import (
     EngineCoreRequest,
     SchedulerStats,
 )
-from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+from tokenmill.sampling_params import RepetitionDetection, RequestOutputKind, SamplingParams
+from tokenmill.structured.spec import StructuredOutputsParams
 
 _PARAM_FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
 _OUTPUT_FIELDS = [f.name for f in dataclasses.fields(EngineCoreOutput)]
@@ -28,6 +29,10 @@ def _params_to_list(p: SamplingParams) -> list[Any]:
             v = v.value
         elif name == "logit_bias" and v is not None:
             v = [[k, b] for k, b in v.items()]
+        elif isinstance(v, StructuredOutputsParams):
+            v = v.to_wire()
+        elif isinstance(v, RepetitionDetection):
+            v = [v.max_period, v.min_repeats, v.min_span]
         values.append(v)
     return values
 
@@ -37,6 +42,10 @@ def _params_from_list(values: list[Any]) -> SamplingParams:
     kw["output_kind"] = RequestOutputKind(kw["output_kind"])
     if kw.get("logit_bias") is not None:
         kw["logit_bias"] = {int(k): float(b) for k, b in kw["logit_bias"]}
+    if kw.get("structured_outputs") is not None:
+        kw["structured_outputs"] = StructuredOutputsParams.from_wire(kw["structured_outputs"])
+    if isinstance(kw.get("repetition_detection"), list):
+        kw["repetition_detection"] = RepetitionDetection(*kw["repetition_detection"])
     return SamplingParams(**kw)
 
 
@@ -53,8 +62,8 @@ def encode_request(req: EngineCoreRequest) -> bytes:
 
 
 def decode_request(data: bytes) -> EngineCoreRequest:
-    rid, ids, params, arrival, priority = msgpack.unpackb(data, strict_map_key=False)
-    return EngineCoreRequest(rid, ids, _params_from_list(params), arrival, priority)
+    rid, ids, params, arrival, priority, salt = msgpack.unpackb(data, strict_map_key=False)
+    return EngineCoreRequest(rid, ids, _params_from_list(params), arrival, priority, salt)
 
 
 def encode_outputs(outs: EngineCoreOutputs) -> bytes:

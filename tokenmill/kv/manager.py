@@ -1,20 +1,80 @@
-"""KV cache manager: which blocks each request holds, allocation for a step, freeing."""
+"""KV cache manager: block tables per request, prefix-cache hits across tiers, allocation
+for a step, caching of full blocks, freeing."""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
 from tokenmill.kv.block_pool import BlockPool, KVCacheBlock
+from tokenmill.kv.hashing import BlockHash, block_hashes
+from tokenmill.kv.offload import MEDIUM_DEVICE, TieredStore
 from tokenmill.scheduler.request import Request
+
+logger = logging.getLogger(__name__)
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class BlockIO(Protocol):
+    """Moves one block's K/V (all layers) between the device pool and a host tensor."""
+
+    def read_block(self, block_id: int) -> torch.Tensor: ...
+    def write_block(self, block_id: int, data: torch.Tensor) -> None: ...
+
+
+class KVEventSink(Protocol):
+    def block_stored(
+        self, medium: str, hashes: list[BlockHash], parent: BlockHash | None, token_ids: list[int]
+    ) -> None: ...
+    def block_removed(self, medium: str, hashes: list[BlockHash]) -> None: ...
+    def all_cleared(self) -> None: ...
+
+
+@dataclass
+class ComputedBlocks:
+    """A request's cached prefix: device blocks to share, lower-tier blocks to load."""
+
+    device: list[KVCacheBlock] = field(default_factory=list)
+    loaded: list[tuple[BlockHash, torch.Tensor, str]] = field(default_factory=list)
+    block_size: int = 16
+
+    @property
+    def num_tokens(self) -> int:
+        return (len(self.device) + len(self.loaded)) * self.block_size
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # of which found cached (any tier)
+    hits_by_medium: dict[str, int] = field(default_factory=dict)
+
+
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = False,
+        store: TieredStore | None = None,
+        block_io: BlockIO | None = None,
+        events: KVEventSink | None = None,
+    ) -> None:
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        self.enable_caching = enable_caching
+        self.store = store if enable_caching else None
+        self.block_io = block_io
+        self.events = events
+        self.pool = BlockPool(num_blocks, on_evict=self._on_evict)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}
+        self.stats = PrefixCacheStats()
 
     @property
     def num_free_blocks(self) -> int:
@@ -26,23 +86,127 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """Make room for `num_new_tokens` more tokens of `request`; False if the pool is short."""
+    # ------------------------------------------------------------ prefix hits
+
+    def _hashes(self, request: Request) -> list[BlockHash]:
+        request.block_hashes = block_hashes(
+            request.all_token_ids, self.block_size, request.cache_salt, request.block_hashes
+        )
+        return request.block_hashes
+
+    def get_computed_blocks(self, request: Request) -> ComputedBlocks:
+        """The longest cached prefix, leaving at least the last token to compute (a full hit
+        must still run one token to produce logits)."""
+        found = ComputedBlocks(block_size=self.block_size)
+        if not self.enable_caching:
+            return found
+        hashes = self._hashes(request)
+        limit = (request.num_tokens - 1) // self.block_size
+        i = 0
+        while i < limit and (block := self.pool.lookup(hashes[i])) is not None:
+            found.device.append(block)
+            i += 1
+        while self.store is not None and i < limit:
+            hit = self.store.lookup(hashes[i])
+            if hit is None:
+                break
+            found.loaded.append((hashes[i], hit[0], hit[1]))
+            i += 1
+        return found
+
+    def record_lookup(self, request: Request, found: ComputedBlocks) -> None:
+        """Counts a first-time prompt lookup in the prefix-cache stats."""
+        self.stats.queries += request.num_prompt_tokens
+        self.stats.hits += found.num_tokens
+        by_medium = self.stats.hits_by_medium
+        if found.device:
+            by_medium[MEDIUM_DEVICE] = (
+                by_medium.get(MEDIUM_DEVICE, 0) + len(found.device) * self.block_size
+            )
+        for _, _, medium in found.loaded:
+            by_medium[medium] = by_medium.get(medium, 0) + self.block_size
+
+    # ------------------------------------------------------------ allocation
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, computed: ComputedBlocks | None = None
+    ) -> bool:
+        """Make room for `num_new_tokens` more tokens (after the computed prefix, if given).
+        False, with nothing changed, when the pool is short."""
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
-        needed = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - len(blocks)
-        if needed <= 0:
-            return True
-        if needed > self.pool.num_free_blocks:
+        shared = computed.device if computed else []
+        loaded = computed.loaded if computed else []
+        total_blocks = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
+        needed = total_blocks - len(blocks) - len(shared)
+        reusable_free = sum(
+            1 for b in shared if b.ref_cnt == 0
+        )  # taking them shrinks the free queue
+        if needed > self.pool.num_free_blocks - reusable_free:
             return False
-        blocks.extend(self.pool.allocate(needed))
+        for block in shared:
+            self.pool.touch(block)
+        blocks.extend(shared)
+        if needed > 0:
+            new = self.pool.allocate(needed)
+            for block, (h, data, _medium) in zip(new, loaded, strict=False):
+                assert self.block_io is not None
+                self.block_io.write_block(block.block_id, data)
+                if self.pool.cache_block(block, h) and self.events:
+                    self.events.block_stored(MEDIUM_DEVICE, [h], None, [])
+            blocks.extend(new)
+        if shared or loaded:
+            self.num_cached_blocks[request.request_id] = len(shared) + len(loaded)
         return True
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """After a step: register the request's newly full blocks under their hashes."""
+        if not self.enable_caching:
+            return
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid, [])
+        start = self.num_cached_blocks.get(rid, 0)
+        end = min(request.num_computed_tokens // self.block_size, len(blocks))
+        if end <= start:
+            return
+        hashes = self._hashes(request)
+        stored = []
+        for i in range(start, end):
+            if self.pool.cache_block(blocks[i], hashes[i]):
+                stored.append(i)
+        self.num_cached_blocks[rid] = end
+        if stored and self.events:
+            first = stored[0]
+            token_ids = request.all_token_ids[
+                first * self.block_size : (stored[-1] + 1) * self.block_size
+            ]
+            parent = hashes[first - 1] if first > 0 else None
+            self.events.block_stored(MEDIUM_DEVICE, [hashes[i] for i in stored], parent, token_ids)
 
     def free(self, request: Request) -> None:
         blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_blocks.pop(request.request_id, None)
         # Tail first: when cached blocks are evicted later, a prefix's end goes before its start.
         self.pool.free(list(reversed(blocks)))
 
+    def _on_evict(self, block: KVCacheBlock) -> None:
+        """A cached device block is about to be overwritten: move it down a tier."""
+        assert block.block_hash is not None
+        if self.store is not None and self.block_io is not None:
+            self.store.offload(block.block_hash, self.block_io.read_block(block.block_id))
+        if self.events:
+            self.events.block_removed(MEDIUM_DEVICE, [block.block_hash])
+
+    def reset_prefix_cache(self) -> bool:
+        if not self.pool.reset_cache():
+            return False
+        if self.store is not None:
+            self.store.clear()
+        if self.events:
+            self.events.all_cleared()
+        return True
+
     def check_invariants(self) -> None:
+        """free + used = total; requests hold exactly the referenced blocks; cache map consistent."""
         self.pool.check_invariants()
         held = sum(len(b) for b in self.req_to_blocks.values())
         referenced = sum(b.ref_cnt for b in self.pool.blocks)

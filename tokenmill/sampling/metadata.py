@@ -27,6 +27,7 @@ class SamplingMetadata:
     blocked_tokens: dict[int, list[int]]
     logit_bias: dict[int, dict[int, float]]
     max_num_logprobs: int | None  # None: no row wants logprobs
+    grammars: dict[int, object]  # row -> llguidance matcher (constrained rows)
 
     @classmethod
     def from_requests(cls, requests: list[Request]) -> SamplingMetadata:
@@ -71,4 +72,5 @@ class SamplingMetadata:
             blocked_tokens=blocked,
             logit_bias=bias,
             max_num_logprobs=max(wanted) if wanted else None,
+            grammars={i: r.grammar for i, r in enumerate(requests) if r.grammar is not None},
         )

@@ -9,6 +9,7 @@ import torch
 
 from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.penalties import apply_penalties
+from tokenmill.structured.grammar import allowed_mask
 
 
 @dataclass
@@ -81,6 +82,8 @@ class Sampler:
                 logits[row, ids] += torch.tensor(list(bias.values()), dtype=torch.float32)
             for row, banned in meta.blocked_tokens.items():
                 logits[row, banned] = float("-inf")
+        if meta.grammars:
+            logits = self._apply_grammars(logits, meta)
         if meta.presence_penalty is not None:
             logits = apply_penalties(
                 logits,
@@ -101,6 +104,22 @@ class Sampler:
         if raw_logprobs is not None:
             lp = gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)
         return SamplerOutput(sampled, lp)
+
+    @staticmethod
+    def _apply_grammars(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        rows = list(meta.grammars)
+        allowed = allowed_mask(list(meta.grammars.values()), logits.shape[1])
+        constrained = logits[rows].masked_fill(~allowed, float("-inf"))
+        # A ban (min_tokens, logit_bias) can leave nothing the grammar allows: the grammar wins.
+        dead = torch.isinf(constrained).all(dim=1)
+        if dead.any():
+            logits_dead = torch.zeros_like(constrained[dead]).masked_fill_(
+                ~allowed[dead], float("-inf")
+            )
+            constrained[dead] = logits_dead
+        logits = logits.clone()
+        logits[rows] = constrained
+        return logits
 
     def _random(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         temperature = torch.where(

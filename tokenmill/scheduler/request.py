@@ -42,12 +42,15 @@ class Request:
         max_model_len: int,
         arrival_time: float | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.priority = priority
+        self.cache_salt = cache_salt
+        self.block_hashes: list[bytes] = []  # chained hashes of full blocks, filled lazily
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
@@ -64,6 +67,8 @@ class Request:
         )
         self.eos_token_ids = [] if params.ignore_eos else list(eos_token_ids)
         self.stop_token_ids = set(params.stop_token_ids or []) | set(self.eos_token_ids)
+        self.grammar = None  # llguidance.LLMatcher when the output is constrained
+        self.repetition = None  # RepetitionDetector when loop cut-off is on
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator()

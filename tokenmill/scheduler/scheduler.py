@@ -4,6 +4,7 @@ prefill, chunked prefill, decode and recompute after preemption."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from tokenmill.config import SchedulerConfig
@@ -11,6 +12,8 @@ from tokenmill.engine.core_types import EngineCoreOutput, PositionLogprobs, Sche
 from tokenmill.kv.manager import KVCacheManager
 from tokenmill.scheduler.queue import make_queue
 from tokenmill.scheduler.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.num_repetition_cutoffs = 0
 
     # ------------------------------------------------------------ requests in and out
 
@@ -121,12 +125,18 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting.peek()
-            num_new = request.num_tokens - request.num_computed_tokens
+            computed = self.kv.get_computed_blocks(request)
+            num_new = request.num_tokens - computed.num_tokens
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
             num_new = min(num_new, budget)
-            if not self.kv.allocate_slots(request, num_new):
+            request.num_computed_tokens = computed.num_tokens
+            if not self.kv.allocate_slots(request, num_new, computed):
+                request.num_computed_tokens = 0
                 break
+            if request.status == RequestStatus.WAITING:  # first admission (not a re-admission)
+                request.num_cached_tokens = computed.num_tokens
+                self.kv.record_lookup(request, computed)
             self.waiting.pop()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -166,6 +176,7 @@ class Scheduler:
             if request.is_finished:  # aborted while the step ran
                 continue
             request.num_computed_tokens += sr.num_new_tokens
+            self.kv.cache_full_blocks(request)
             rid = request.request_id
             new_tokens: list[int] = []
             for token in result.sampled_token_ids.get(rid, ()):
@@ -197,9 +208,22 @@ class Scheduler:
 
     def _check_stop(self, request: Request, token: int) -> bool:
         num_out = request.num_output_tokens
+        grammar_done = False
+        if request.grammar is not None:
+            if not request.grammar.consume_token(token):
+                logger.warning(
+                    "request %s: token %d rejected by its grammar", request.request_id, token
+                )
+            grammar_done = request.grammar.is_stopped()
         if token in request.stop_token_ids and num_out >= request.sampling_params.min_tokens:
             request.status = RequestStatus.FINISHED_STOPPED
             request.stop_reason = None if token in request.eos_token_ids else token
+        elif grammar_done:  # the constrained output is complete
+            request.status = RequestStatus.FINISHED_STOPPED
+        elif request.repetition is not None and request.repetition.update(request.output_token_ids):
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = "repetition"
+            self.num_repetition_cutoffs += 1
         elif num_out >= request.max_tokens or request.num_tokens >= self.max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         else:
@@ -212,4 +236,7 @@ class Scheduler:
             num_waiting_reqs=len(self.waiting),
             kv_cache_usage=self.kv.usage(),
             num_preemptions=self.num_preemptions,
+            num_repetition_cutoffs=self.num_repetition_cutoffs,
+            prefix_cache_queries=self.kv.stats.queries,
+            prefix_cache_hits=self.kv.stats.hits,
         )

@@ -276,6 +276,23 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], metrics, api_key:
             )
         return {"prompt": engine.tokenizer.decode(req.tokens, skip_special_tokens=False)}
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        """Admin: forget every cached prefix (all tiers). 409 while requests hold blocks."""
+        if not await engine.call_utility("reset_prefix_cache"):
+            raise APIError(
+                409,
+                "prefix cache not reset: requests are running",
+                "invalid_request_error",
+                None,
+                "busy",
+            )
+        return {"reset": True}
+
+    @app.get("/kv_cache")
+    async def kv_cache():
+        return await engine.call_utility("kv_stats")
+
     @app.get("/server_info")
     async def server_info():
         return {

@@ -89,6 +89,7 @@ class SamplingFields(APIModel):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = 0
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
     @field_validator("logit_bias")
     @classmethod

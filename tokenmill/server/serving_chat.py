@@ -73,7 +73,12 @@ async def create_chat_completion(
     started = time.monotonic()
     try:
         gen = engine.generate(
-            completion_id, prompt_ids, params, prompt=prompt, priority=req.priority
+            completion_id,
+            prompt_ids,
+            params,
+            prompt=prompt,
+            priority=req.priority,
+            cache_salt=req.cache_salt,
         )
         if req.stream:
             first = await gen.__anext__()  # fail before the 200 when the engine rejects

@@ -73,7 +73,14 @@ async def create_completion(
     created = int(time.time())
     started = time.monotonic()
     gens = [
-        engine.generate(f"{completion_id}-{i}", ids, params, prompt=text, priority=req.priority)
+        engine.generate(
+            f"{completion_id}-{i}",
+            ids,
+            params,
+            prompt=text,
+            priority=req.priority,
+            cache_salt=req.cache_salt,
+        )
         for i, ((text, ids), params) in enumerate(zip(prompts, params_list, strict=True))
     ]
     try:

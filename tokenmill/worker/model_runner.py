@@ -49,6 +49,14 @@ class ModelRunner:
         ]
         self.sampler = Sampler()
 
+    def read_block(self, block_id: int) -> torch.Tensor:
+        """One block's K and V for every layer: [num_layers, 2, block_numel] (a copy)."""
+        return torch.stack([kv[:, block_id] for kv in self.kv_caches])
+
+    def write_block(self, block_id: int, data: torch.Tensor) -> None:
+        for layer, kv in enumerate(self.kv_caches):
+            kv[:, block_id].copy_(data[layer])
+
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         inp = build_model_input(sched.scheduled, self.block_size, self.model.config.sliding_window)

@@ -1,0 +1,1 @@
+"""Reports: console and markdown tables, JSON/CSV files, PNG plots, an HTML page."""

@@ -1,0 +1,150 @@
+"""Grammar-constrained decoding with llguidance: compile once (cached), one matcher per
+request, a token bitmask per step, the matcher advanced by every sampled token."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+
+import llguidance
+import torch
+
+from tokenmill.model.tokenizer import Tokenizer
+from tokenmill.structured.spec import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+
+# JSON output: whitespace allowed between tokens but bounded, so a small model cannot spin
+# on whitespace forever (llguidance's default allows unbounded whitespace).
+JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}"}
+
+
+class GrammarError(ValueError):
+    """The schema / regex / grammar cannot be compiled (a client mistake: HTTP 400)."""
+
+
+_SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_ONE = (
+    "items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+    "unevaluatedItems", "unevaluatedProperties", "additionalItems",
+)  # fmt: skip
+
+
+def strip_format(schema: object, fmt: str) -> object:
+    """A copy of schema without `"format": fmt` (format is an annotation in JSON Schema unless
+    format assertion is enabled, so dropping one the compiler does not know is sound)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v for k, v in schema.items() if not (k == "format" and v == fmt)}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [strip_format(s, fmt) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: strip_format(s, fmt) for name, s in out[key].items()}
+    for key in _SUBSCHEMA_ONE:
+        if key in out:
+            out[key] = strip_format(out[key], fmt)
+    return out
+
+
+def to_llguidance_grammar(spec: StructuredOutputsParams) -> str:
+    if spec.json is not None:
+        schema = {"type": "object"} if spec.json is True else spec.json
+        try:
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                json.dumps(schema), defaults=JSON_OPTIONS
+            )
+        except ValueError as e:
+            raise GrammarError(f"invalid JSON schema: {e}") from e
+    if spec.regex is not None:
+        return llguidance.LLMatcher.grammar_from_regex(spec.regex)
+    if spec.grammar is not None:
+        return llguidance.LLMatcher.grammar_from_lark(spec.grammar)
+    return llguidance.grammar_from("choice", json.dumps(list(spec.choice or ())))
+
+
+class GrammarCompiler:
+    """Per-tokenizer compiler with an LRU cache of validated grammars."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        cache_size: int = 512,
+        ignore_unknown_formats: bool = False,
+    ) -> None:
+        # ignore_unknown_formats: drop `format` values llguidance does not implement instead of
+        # rejecting the schema (sound per JSON Schema, where format is an annotation, but then
+        # those strings are not checked).
+        self.ignore_unknown_formats = ignore_unknown_formats
+        self.ll_tokenizer = llguidance.LLTokenizer(
+            tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=tokenizer.eos_token_ids or None
+        )
+        self.vocab_size = vocab_size
+        self._cache: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+        self.cache_size = cache_size
+
+    def compile(self, spec: StructuredOutputsParams) -> str:
+        """The validated llguidance grammar for spec; GrammarError names the problem."""
+        key = spec.cache_key()
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        grammar = to_llguidance_grammar(spec)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, self.ll_tokenizer
+        )
+        stripped: set[str] = set()
+        while (
+            is_error
+            and self.ignore_unknown_formats
+            and isinstance(spec.json, dict)
+            and (fmt := _unknown_format(messages[0])) not in (None, *stripped)
+        ):
+            stripped.add(fmt)
+            spec = StructuredOutputsParams(json=strip_format(spec.json, fmt))
+            grammar = to_llguidance_grammar(spec)
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+                grammar, self.ll_tokenizer
+            )
+        if is_error:
+            raise GrammarError(f"structured output ({spec.kind}) cannot be compiled: {messages[0]}")
+        with self._lock:
+            self._cache[key] = grammar
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return grammar
+
+    def matcher(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
+        m = llguidance.LLMatcher(self.ll_tokenizer, self.compile(spec), log_level=0)
+        if m.is_error():
+            raise GrammarError(
+                f"structured output ({spec.kind}) cannot be compiled: {m.get_error()}"
+            )
+        return m
+
+
+def _unknown_format(message: str) -> str | None:
+    prefix = "Unknown format: "
+    i = message.find(prefix)
+    return message[i + len(prefix) :].split()[0] if i != -1 else None
+
+
+_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
+def allowed_mask(matchers: list[llguidance.LLMatcher], vocab_size: int) -> torch.Tensor:
+    """[len(matchers), vocab_size] bool: the tokens each matcher accepts next."""
+    words = (vocab_size + 31) // 32
+    bitmask = torch.empty(len(matchers), words, dtype=torch.int32)
+    for row, m in enumerate(matchers):
+        m.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), words * 4)
+    bits = (bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1
+    return bits.view(len(matchers), words * 32)[:, :vocab_size].bool()
