@@ -178,7 +178,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tokenmill.bench.report.write import write_report
     from tokenmill.bench.session import run_session
 
-    console = Console(stderr=False)
+    console = Console(width=None if sys.stdout.isatty() else 200)
     plan = build_plan(args)
     sources, baseline = build_sources(args, plan)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

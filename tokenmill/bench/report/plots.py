@@ -49,6 +49,11 @@ def _targets(results: list[RunResult]) -> list[str]:
     return list(dict.fromkeys(r.target for r in results))
 
 
+def _legend(ax: plt.Axes, size: int = 8) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=size)
+
+
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -68,7 +73,7 @@ def cdf_plot(results: list[RunResult], metric: str, path: Path) -> Path:
     ax.set_title(f"{xlabel.split(' (')[0]} CDF")
     ax.grid(alpha=0.3)
     if len(results) <= 12:
-        ax.legend(fontsize=7)
+        _legend(ax, 7)
     return _save(fig, path)
 
 
@@ -97,7 +102,7 @@ def throughput_plot(results: list[RunResult], path: Path) -> Path:
     ax.set_ylabel("output tokens/s")
     ax.set_title("Throughput vs concurrency")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, path)
 
 
@@ -114,7 +119,7 @@ def ttft_load_plot(results: list[RunResult], path: Path) -> Path:
     ax.set_ylabel("TTFT (ms)")
     ax.set_title("TTFT vs load")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, path)
 
 
@@ -144,7 +149,7 @@ def pareto_plot(results: list[RunResult], path: Path) -> Path:
     ax.set_ylabel("output tokens/s per user (1 / TPOT)")
     ax.set_title("Pareto: per-user speed vs total throughput")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, path)
 
 

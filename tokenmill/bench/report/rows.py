@@ -47,7 +47,7 @@ def flat_summary(s: RunSummary) -> dict[str, Any]:
 
 
 def scenario(r: RunResult) -> str:
-    return f"{r.workload} | {r.stage or r.load.label}"
+    return f"{r.workload} · {r.stage or r.load.label}"
 
 
 def result_row(r: RunResult) -> dict[str, Any]:

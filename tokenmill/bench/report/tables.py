@@ -51,8 +51,8 @@ def print_table(
     results: list[RunResult], console: Console, baseline: str | None = None, title: str = ""
 ) -> None:
     table = Table(title=title or None, show_lines=False)
-    table.add_column("scenario")
-    table.add_column("target")
+    table.add_column("scenario", no_wrap=True)
+    table.add_column("target", no_wrap=True)
     for _, header, _ in COLUMNS:
         table.add_column(header, justify="right")
     last = None

@@ -73,4 +73,3 @@ def write_report(
     paths["html"] = write_html(out_dir, results, meta, plot_paths, baseline)
     console.print(f"report: {paths['html']}  (JSON, CSV, per-request JSONL, plots in {out_dir})")
     return {**paths, **plot_paths}
-

@@ -44,7 +44,8 @@ async def shared_prefix_workload(spec: WorkloadSpec, maker: PromptMaker, seed: i
     for k, (suffix, n_suffix) in enumerate(suffixes):
         g = k // per
         prefix, n_prefix = prefixes[g]
-        items.append((g, Turn(prefix + suffix, n_prefix + n_suffix, outs[k])))
+        sep = "" if prefix[-1:].isspace() or suffix[:1].isspace() else " "
+        items.append((g, Turn(prefix + sep + suffix, n_prefix + n_suffix, outs[k])))
     sub_rng(seed, 4).shuffle(items)
     sessions = tuple(Session(i, (turn,), group=g) for i, (g, turn) in enumerate(items))
     return Workload("shared-prefix", sessions, maker.kind, spec.describe())
