@@ -28,7 +28,9 @@ def test_tokenmill_cli_has_bench():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = start_server(tmp_path_factory.mktemp("bench-server"), "--max-num-seqs", "8")
+    srv = start_server(
+        tmp_path_factory.mktemp("bench-server"), "--max-num-seqs", "8", "--num-threads", "1"
+    )
     yield srv
     srv.stop()
 

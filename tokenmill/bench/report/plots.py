@@ -62,12 +62,19 @@ def _save(fig: plt.Figure, path: Path) -> Path:
 
 
 def cdf_plot(results: list[RunResult], metric: str, path: Path) -> Path:
+    """Empirical CDF per run: colour per target, line style per load."""
     xlabel, get = CDFS[metric]
+    colours = {t: f"C{i % 10}" for i, t in enumerate(_targets(results))}
+    loads = list(dict.fromkeys(r.load.label for r in results))
+    styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for r in results:
         values = np.sort([v for rec in r.records if rec.success for v in get(rec)])
         if len(values):
-            ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=r.label)
+            xs = np.concatenate([values[:1], values])
+            ys = np.concatenate([[0.0], np.arange(1, len(values) + 1) / len(values)])
+            style = styles[loads.index(r.load.label) % len(styles)]
+            ax.step(xs, ys, style, where="post", color=colours[r.target], label=r.label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of requests" if metric != "itl" else "fraction of gaps")
     ax.set_title(f"{xlabel.split(' (')[0]} CDF")
