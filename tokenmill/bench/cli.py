@@ -59,8 +59,9 @@ def add_bench_parser(sub) -> None:
     c.add_argument("--baseline", default=None, help="target the ratios divide by")
     ld = p.add_argument_group("load")
     ld.add_argument(
-        "--load", default="concurrency",
+        "--load", default=None,
         choices=["concurrency", "constant", "poisson", "throughput", "sweep", "trace"],
+        help="default: trace for --workload trace, else concurrency",
     )  # fmt: skip
     ld.add_argument("--concurrency", default="1", help="comma list, one run each: 1,8,32")
     ld.add_argument("--rate", default="1", help="req/s, comma list (constant, poisson)")
@@ -125,22 +126,21 @@ def build_plan(args: argparse.Namespace) -> Plan:
         trace_time_unit=args.trace_time_unit,
         trace_speedup=args.trace_speedup,
     )
-    if args.load == "sweep":
+    load = args.load or ("trace" if args.workload == "trace" else "concurrency")
+    if load == "sweep":
         return sweep_plan(
             spec,
             SweepSpec(args.sweep_rates, args.sweep_kind, args.burstiness, args.max_concurrency),
         )
-    if args.load == "concurrency":
+    if load == "concurrency":
         loads = [LoadSpec("concurrency", concurrency=c) for c in _ints(args.concurrency)]
-    elif args.load in ("constant", "poisson"):
+    elif load in ("constant", "poisson"):
         loads = [
-            LoadSpec(
-                args.load, rate=r, burstiness=args.burstiness, max_concurrency=args.max_concurrency
-            )
+            LoadSpec(load, rate=r, burstiness=args.burstiness, max_concurrency=args.max_concurrency)
             for r in _floats(args.rate)
         ]
     else:
-        loads = [LoadSpec(args.load, max_concurrency=args.max_concurrency)]
+        loads = [LoadSpec(load, max_concurrency=args.max_concurrency)]
     return fixed_plan(spec, loads, nums)
 
 
