@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,10 @@ def session_meta(
         else:
             entry["base_url"] = s.target.base_url
         targets.append(entry)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
         **machine_meta(),
+        "client_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),  # this process only
         "argv": argv,
         "targets": targets,
         "skipped": skipped,
