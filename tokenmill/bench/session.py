@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.console import Console
 
@@ -35,7 +35,7 @@ async def running(source: Source, log_dir, console: Console) -> AsyncIterator[Ta
     console.print(f"[bold]starting {source.target.name}:[/] {' '.join(server.command)}")
     server.start()
     try:
-        yield Target(**{**source.target.__dict__, "base_url": server.base_url})
+        yield replace(source.target, base_url=server.base_url)
     finally:
         code = server.stop()
         console.print(f"stopped {source.target.name} (exit {code}); log {server.log_path}")
