@@ -25,6 +25,7 @@ from tokenmill.model.loader import ModelFiles, load_model_files
 from tokenmill.sampling_params import RepetitionDetection
 from tokenmill.scheduler.request import Request, RequestStatus
 from tokenmill.scheduler.scheduler import Scheduler
+from tokenmill.structured.closing import token_starts
 from tokenmill.structured.grammar import GrammarCompiler
 from tokenmill.structured.loops import RepetitionDetector
 from tokenmill.worker.model_runner import ModelRunner, kv_bytes_per_block
@@ -169,6 +170,15 @@ class EngineCore:
         """Built on first use (building the llguidance tokenizer takes a fraction of a second)."""
         if self._grammar_compiler is None:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size)
+            sampler = self.runner.sampler
+            n = min(self.vocab_size, self.tokenizer.vocab_size)
+            sampler.closers = token_starts(
+                [self.tokenizer.decode([t], skip_special_tokens=False) for t in range(n)]
+            )
+            sampler.eos_ids = torch.tensor(
+                [t for t in self.tokenizer.eos_token_ids if t < self.vocab_size]
+            )
+            sampler.decode = self.tokenizer.decode
         return self._grammar_compiler
 
     def abort_requests(self, request_ids: list[str]) -> None:

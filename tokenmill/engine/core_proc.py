@@ -74,9 +74,13 @@ class EngineCoreProc:
                 last_stats = time.monotonic()
 
     def _handle(self, frames: list[bytes]) -> bool:
-        kind, payload = frames[0], frames[1]
+        kind, payload = frames[0], frames[-1]
         if kind == b"ADD":
-            req = decode_request(payload)
+            try:
+                req = decode_request(payload)
+            except Exception:  # a protocol bug must not take the engine down
+                logger.exception("undecodable request frame dropped")
+                return True
             try:
                 self.core.add_request(req)
             except (ValueError, QueueFullError) as e:

@@ -156,9 +156,13 @@ class OutputProcessor:
         # A final EOS / stop token ends the text without being rendered; a grammar that
         # completes or a loop cut-off also finish with "stop" but keep their last token.
         params = state.params
-        stop_ids = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else set(self.tokenizer.eos_token_ids))
+        stop_ids = set(params.stop_token_ids or ()) | (
+            set() if params.ignore_eos else set(self.tokenizer.eos_token_ids)
+        )
         stop_by_token = (
-            out.finish_reason == "stop" and bool(out.new_token_ids) and out.new_token_ids[-1] in stop_ids
+            out.finish_reason == "stop"
+            and bool(out.new_token_ids)
+            and out.new_token_ids[-1] in stop_ids
         )
         stop_string = sample.detok.update(out.new_token_ids, stop_terminated=stop_by_token)
         if stop_string is not None:

@@ -57,6 +57,7 @@ def encode_request(req: EngineCoreRequest) -> bytes:
             _params_to_list(req.sampling_params),
             req.arrival_time,
             req.priority,
+            req.cache_salt,
         ]
     )
 

@@ -28,6 +28,9 @@ class SamplingMetadata:
     logit_bias: dict[int, dict[int, float]]
     max_num_logprobs: int | None  # None: no row wants logprobs
     grammars: dict[int, object]  # row -> llguidance matcher (constrained rows)
+    closing: dict[
+        int, list[int]
+    ]  # constrained rows that should close their output -> output so far
 
     @classmethod
     def from_requests(cls, requests: list[Request]) -> SamplingMetadata:
@@ -55,6 +58,10 @@ class SamplingMetadata:
             for i, r in enumerate(requests)
             if r.num_output_tokens < r.sampling_params.min_tokens and r.stop_token_ids
         }
+        for i, r in enumerate(requests):
+            if r.banned_next:
+                blocked[i] = blocked.get(i, []) + r.banned_next
+                r.banned_next = []
         bias = {i: p.logit_bias for i, p in enumerate(params) if p.logit_bias}
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         return cls(
@@ -73,4 +80,9 @@ class SamplingMetadata:
             logit_bias=bias,
             max_num_logprobs=max(wanted) if wanted else None,
             grammars={i: r.grammar for i, r in enumerate(requests) if r.grammar is not None},
+            closing={
+                i: r.output_token_ids
+                for i, r in enumerate(requests)
+                if r.grammar is not None and r.closing
+            },
         )

@@ -9,6 +9,7 @@ import torch
 
 from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.penalties import apply_penalties
+from tokenmill.structured.closing import EOS, next_closer
 from tokenmill.structured.grammar import allowed_mask
 
 
@@ -71,6 +72,13 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 class Sampler:
+    def __init__(self) -> None:
+        # Set by the engine once constrained requests exist: the tokens that close structure
+        # (by first character) and the end-of-sequence tokens, plus a decoder for the rows.
+        self.closers: dict[str, torch.Tensor] | None = None
+        self.eos_ids: torch.Tensor | None = None
+        self.decode = None
+
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
         raw_logprobs = logits.log_softmax(dim=1) if meta.max_num_logprobs is not None else None
@@ -105,10 +113,22 @@ class Sampler:
             lp = gather_logprobs(raw_logprobs, sampled, meta.max_num_logprobs or 0)
         return SamplerOutput(sampled, lp)
 
-    @staticmethod
-    def _apply_grammars(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    def _apply_grammars(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         rows = list(meta.grammars)
         allowed = allowed_mask(list(meta.grammars.values()), logits.shape[1])
+        if meta.closing and self.closers is not None:
+            # Closing rows: among what the grammar allows, the tokens that finish soonest.
+            for row, output in meta.closing.items():
+                r = rows.index(row)
+                want = next_closer(self.decode(output))
+                if want is None:
+                    continue
+                ids = self.eos_ids if want == EOS else self.closers[want]
+                preferred = torch.zeros_like(allowed[r])
+                preferred[ids] = True
+                preferred &= allowed[r]
+                if preferred.any():
+                    allowed[r] = preferred
         constrained = logits[rows].masked_fill(~allowed, float("-inf"))
         # A ban (min_tokens, logit_bias) can leave nothing the grammar allows: the grammar wins.
         dead = torch.isinf(constrained).all(dim=1)

@@ -69,6 +69,10 @@ class Request:
         self.stop_token_ids = set(params.stop_token_ids or []) | set(self.eos_token_ids)
         self.grammar = None  # llguidance.LLMatcher when the output is constrained
         self.repetition = None  # RepetitionDetector when loop cut-off is on
+        self.banned_next: list[int] = []  # tokens banned at the next step (loop breaking)
+        self.loop_breaks = 0
+        # Constrained output heading for its end: sampling prefers tokens that close it.
+        self.closing = False
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator()

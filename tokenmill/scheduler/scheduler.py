@@ -15,6 +15,15 @@ from tokenmill.scheduler.request import Request, RequestStatus
 
 logger = logging.getLogger(__name__)
 
+# A constrained request gets its loops broken this many times, then it starts closing its
+# output (see Request.closing); a loop after that cuts it off.
+_MAX_LOOP_BREAKS = 2
+
+
+def closing_reserve(max_tokens: int) -> int:
+    """Tokens kept to close a constrained output before max_tokens."""
+    return max(24, max_tokens // 4)
+
 
 @dataclass
 class ScheduledRequest:
@@ -220,13 +229,28 @@ class Scheduler:
             request.stop_reason = None if token in request.eos_token_ids else token
         elif grammar_done:  # the constrained output is complete
             request.status = RequestStatus.FINISHED_STOPPED
-        elif request.repetition is not None and request.repetition.update(request.output_token_ids):
+        elif request.repetition is not None and (
+            period := request.repetition.update(request.output_token_ids)
+        ):
+            if request.grammar is not None and (
+                request.loop_breaks < _MAX_LOOP_BREAKS or not request.closing
+            ):
+                # Constrained output must stay complete: break the loop instead of cutting it,
+                # by banning the token that would continue the cycle; then start closing.
+                request.banned_next = [request.output_token_ids[-period]]
+                request.loop_breaks += 1
+                request.closing = request.loop_breaks >= _MAX_LOOP_BREAKS
+                request.repetition.reset()
+                return False
             request.status = RequestStatus.FINISHED_STOPPED
             request.stop_reason = "repetition"
             self.num_repetition_cutoffs += 1
         elif num_out >= request.max_tokens or request.num_tokens >= self.max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         else:
+            if request.grammar is not None and not request.closing:
+                left = min(request.max_tokens - num_out, self.max_model_len - request.num_tokens)
+                request.closing = left <= closing_reserve(request.max_tokens)
             return False
         return True
 

@@ -37,6 +37,54 @@ class ToolCall(APIModel):
     function: FunctionCall
 
 
+class FunctionDefinition(APIModel):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(APIModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(APIModel):
+    name: str
+
+
+class NamedToolChoice(APIModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(APIModel):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(APIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(APIModel):
+    """Extension (as vLLM's `structured_outputs`): exactly one of the four."""
+
+    json_: dict[str, Any] | bool | None = Field(None, alias="json")
+    regex: str | None = None
+    grammar: str | None = None
+    choice: list[str] | None = None
+
+
+class RepetitionDetectionRequest(APIModel):
+    max_period: int = Field(32, ge=1, le=256)
+    min_repeats: int = Field(4, ge=2, le=1000)
+    min_span: int = Field(48, ge=2, le=100000)
+
+
 class ChatMessage(APIModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
@@ -90,6 +138,13 @@ class SamplingFields(APIModel):
     include_stop_str_in_output: bool = False
     priority: int = 0
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    repetition_detection: bool | RepetitionDetectionRequest | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -110,6 +165,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     # extensions
     add_generation_prompt: bool = True
     continue_final_message: bool = False

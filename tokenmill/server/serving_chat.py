@@ -1,8 +1,9 @@
-"""POST /v1/chat/completions."""
+"""POST /v1/chat/completions (with tools, structured outputs and streaming)."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.model.chat_template import ChatTemplateError
 from tokenmill.outputs import RequestOutput
+from tokenmill.server.constraints import build_constraint, repetition_setting, tools_to_force
 from tokenmill.server.errors import bad_request
 from tokenmill.server.logprobs import chat_logprobs_content
 from tokenmill.server.protocol import ChatCompletionRequest
@@ -24,6 +26,13 @@ from tokenmill.server.state import (
     sse_with_errors,
     until_disconnect,
 )
+from tokenmill.server.tool_messages import template_messages
+from tokenmill.structured.tools import (
+    ContentDelta,
+    ToolCallArgumentsDelta,
+    ToolCallParser,
+    ToolCallStart,
+)
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
@@ -35,13 +44,20 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[
     }
 
 
+def _tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    if not req.tools or req.tool_choice == "none":
+        return None
+    return [t.model_dump(by_alias=True, exclude_none=True) for t in req.tools]
+
+
 def render_prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[str, list[int]]:
     engine = state.engine
-    messages = [m.to_template_dict() for m in req.messages]
+    messages, tools = template_messages(engine.chat_template, req.messages, _tools(req))
     try:
         text = engine.chat_template.render(
             messages,
             add_generation_prompt=req.add_generation_prompt,
+            tools=tools,
             **(req.chat_template_kwargs or {}),
         )
     except ChatTemplateError as e:
@@ -55,11 +71,16 @@ def render_prompt(state: ServerState, req: ChatCompletionRequest) -> tuple[str, 
     return text, engine.tokenizer.encode(text, add_special_tokens=False)
 
 
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, raw: Request, request_id: str
 ):
     model = state.check_model(req.model)
     engine = state.engine
+    forced = tools_to_force(req)
     prompt, prompt_ids = render_prompt(state, req)
     requested = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -68,6 +89,9 @@ async def create_chat_completion(
     max_tokens = resolve_max_tokens(requested, len(prompt_ids), engine.max_model_len, param)
     top = chat_logprobs(req)
     params = to_sampling_params(req, max_tokens, top, req.stream)
+    params.structured_outputs = build_constraint(state.grammar_compiler, req, forced)
+    params.repetition_detection = repetition_setting(req)
+    parse_tools = _tools(req) is not None
     completion_id = new_id("chatcmpl")
     created = int(time.time())
     started = time.monotonic()
@@ -93,6 +117,7 @@ async def create_chat_completion(
                 len(prompt_ids),
                 started,
                 request_id,
+                parse_tools,
             )
             return StreamingResponse(
                 sse_with_errors(chunks, request_id),
@@ -115,17 +140,36 @@ async def create_chat_completion(
                 "content": chat_logprobs_content(engine.tokenizer, c.token_ids, c.logprobs, top),
                 "refusal": None,
             }
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": c.text,
+            "refusal": None,
+            "tool_calls": [],
+        }
+        finish = c.finish_reason
+        if parse_tools:
+            parser = ToolCallParser()
+            parser.feed(c.text)
+            parser.finish()
+            parsed = parser.result()
+            calls = parsed.tool_calls if req.parallel_tool_calls else parsed.tool_calls[:1]
+            if calls:
+                message["content"] = parsed.content.strip() or None
+                message["tool_calls"] = [
+                    {
+                        "id": _call_id(),
+                        "type": "function",
+                        "function": {"name": tc.name, "arguments": tc.arguments},
+                    }
+                    for tc in calls
+                ]
+                finish = "tool_calls"
         choices.append(
             {
                 "index": c.index,
-                "message": {
-                    "role": "assistant",
-                    "content": c.text,
-                    "refusal": None,
-                    "tool_calls": [],
-                },
+                "message": message,
                 "logprobs": lp,
-                "finish_reason": c.finish_reason,
+                "finish_reason": finish,
                 "stop_reason": c.stop_reason,
             }
         )
@@ -178,6 +222,7 @@ async def _stream(
     prompt_tokens: int,
     started: float,
     request_id: str,
+    parse_tools: bool,
 ) -> AsyncIterator[str]:
     engine = state.engine
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -186,6 +231,8 @@ async def _stream(
     n = req.n
     tokens_per_choice = [0] * n
     sent_role = [False] * n
+    parsers = [ToolCallParser() if parse_tools else None for _ in range(n)]
+    call_ids: list[dict[int, str]] = [{} for _ in range(n)]
 
     def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
         body: dict[str, Any] = {
@@ -199,6 +246,28 @@ async def _stream(
             body["usage"] = usage
         return sse(body)
 
+    def deltas(index: int, text: str, finished: bool) -> list[dict[str, Any]]:
+        """Text -> OpenAI deltas (content and tool-call pieces) for one choice."""
+        parser = parsers[index]
+        if parser is None:
+            return [{"content": text}] if text else []
+        events = parser.feed(text) + (parser.finish() if finished else [])
+        if not req.parallel_tool_calls:
+            events = [e for e in events if isinstance(e, ContentDelta) or e.index == 0]
+        out: list[dict[str, Any]] = []
+        for ev in events:
+            if isinstance(ev, ContentDelta):
+                out.append({"content": ev.text})
+            elif isinstance(ev, ToolCallStart):
+                call_ids[index][ev.index] = _call_id()
+                out.append({"tool_calls": [{"index": ev.index, "id": call_ids[index][ev.index], "type": "function",
+                                            "function": {"name": ev.name, "arguments": ""}}]})  # fmt: skip
+            elif isinstance(ev, ToolCallArgumentsDelta) and ev.text:
+                out.append(
+                    {"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]}
+                )
+        return out
+
     out = first
     finished_out = None
     try:
@@ -207,18 +276,8 @@ async def _stream(
                 tokens_per_choice[c.index] += len(c.token_ids)
                 if not sent_role[c.index]:
                     sent_role[c.index] = True
-                    yield chunk(
-                        [
-                            {
-                                "index": c.index,
-                                "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None,
-                                "finish_reason": None,
-                            }
-                        ]
-                    )
-                if not c.text and not c.finished and not c.token_ids:
-                    continue
+                    yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}])  # fmt: skip
                 lp = None
                 if top is not None and c.logprobs:
                     lp = {
@@ -227,23 +286,42 @@ async def _stream(
                         ),
                         "refusal": None,
                     }
-                delta = {"content": c.text} if c.text else {}
-                choice = {
-                    "index": c.index,
-                    "delta": delta,
-                    "logprobs": lp,
-                    "finish_reason": c.finish_reason,
-                }
+                pieces = deltas(c.index, c.text, c.finished)
+                for i, delta in enumerate(pieces):
+                    last = i == len(pieces) - 1
+                    yield chunk(
+                        [
+                            {
+                                "index": c.index,
+                                "delta": delta,
+                                "logprobs": lp if last else None,
+                                "finish_reason": None,
+                            }
+                        ]
+                    )
+                if lp is not None and not pieces:
+                    yield chunk(
+                        [{"index": c.index, "delta": {}, "logprobs": lp, "finish_reason": None}]
+                    )
                 if c.finished:
-                    choice["stop_reason"] = c.stop_reason
-                if not delta and lp is None and not c.finished:
-                    continue
-                usage = (
-                    usage_dict(prompt_tokens, sum(tokens_per_choice), out.num_cached_tokens)
-                    if continuous
-                    else None
-                )
-                yield chunk([choice], usage)
+                    finish = "tool_calls" if call_ids[c.index] else c.finish_reason
+                    usage = (
+                        usage_dict(prompt_tokens, sum(tokens_per_choice), out.num_cached_tokens)
+                        if continuous
+                        else None
+                    )
+                    yield chunk(
+                        [
+                            {
+                                "index": c.index,
+                                "delta": {},
+                                "logprobs": None,
+                                "finish_reason": finish,
+                                "stop_reason": c.stop_reason,
+                            }
+                        ],
+                        usage,
+                    )
             if out.finished:
                 finished_out = out
                 break

@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.outputs import RequestOutput
+from tokenmill.server.constraints import build_constraint, repetition_setting
 from tokenmill.server.errors import bad_request
 from tokenmill.server.logprobs import completion_logprobs
 from tokenmill.server.protocol import CompletionRequest
@@ -60,12 +61,15 @@ async def create_completion(
     prompts = tokenize_prompts(state, req)
     if req.echo and req.logprobs is not None and req.stream:
         raise bad_request("echo: cannot be combined with logprobs when streaming", param="echo")
+    constraint = build_constraint(state.grammar_compiler, req)
     params_list = []
     for _, ids in prompts:
         max_tokens = resolve_max_tokens(
             req.max_tokens, len(ids), engine.max_model_len, "max_tokens"
         )
         params = to_sampling_params(req, max_tokens, req.logprobs, req.stream)
+        params.structured_outputs = constraint
+        params.repetition_detection = repetition_setting(req)
         if req.echo and req.logprobs is not None:
             params.prompt_logprobs = req.logprobs
         params_list.append(params)

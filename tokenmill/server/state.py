@@ -31,6 +31,18 @@ class ServerState:
     max_body_bytes: int = 4 * 1024 * 1024
     started: float = field(default_factory=time.time)
     draining: bool = False
+    _compiler: Any = None
+
+    @property
+    def grammar_compiler(self):
+        """Validates output constraints in the API process (400 before the engine sees them)."""
+        if self._compiler is None:
+            from tokenmill.structured.grammar import GrammarCompiler
+
+            self._compiler = GrammarCompiler(
+                self.engine.tokenizer, self.engine.engine_info["vocab_size"]
+            )
+        return self._compiler
 
     @property
     def model_name(self) -> str:

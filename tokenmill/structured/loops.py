@@ -15,6 +15,9 @@ class RepetitionDetector:
         self.config = config
         self.runs = [0] * (config.max_period + 1)
 
+    def reset(self) -> None:
+        self.runs = [0] * (self.config.max_period + 1)
+
     def update(self, tokens: list[int]) -> int | None:
         """Call after each appended token; returns the cycle period once the tail loops."""
         n = len(tokens)

@@ -1,0 +1,120 @@
+"""Request fields -> output constraints: response_format, structured_outputs / guided_*,
+forced tool calls, loop cut-off. Every problem is a 400 that names the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tokenmill.sampling_params import RepetitionDetection
+from tokenmill.server.errors import bad_request
+from tokenmill.server.protocol import ChatCompletionRequest, SamplingFields
+from tokenmill.structured.grammar import GrammarCompiler, GrammarError
+from tokenmill.structured.spec import StructuredOutputsParams
+from tokenmill.structured.tools import tool_call_grammar
+
+
+def _spec(param: str, **kwargs: Any) -> StructuredOutputsParams:
+    try:
+        return StructuredOutputsParams(**kwargs)
+    except ValueError as e:
+        raise bad_request(f"{param}: {e}", param=param) from e
+
+
+def requested_constraints(req: SamplingFields) -> list[tuple[str, StructuredOutputsParams]]:
+    """All constraints the request asks for, with the field each came from."""
+    found: list[tuple[str, StructuredOutputsParams]] = []
+    fmt = getattr(req, "response_format", None)
+    if fmt is not None and fmt.type == "json_object":
+        found.append(("response_format", _spec("response_format", json=True)))
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise bad_request(
+                "response_format.json_schema: is required for type json_schema",
+                "response_format.json_schema",
+            )
+        found.append(("response_format", _spec("response_format", json=fmt.json_schema.schema_)))
+    so = req.structured_outputs
+    if so is not None:
+        choice = tuple(so.choice) if so.choice is not None else None
+        found.append(
+            (
+                "structured_outputs",
+                _spec(
+                    "structured_outputs",
+                    json=so.json_,
+                    regex=so.regex,
+                    grammar=so.grammar,
+                    choice=choice,
+                ),
+            )
+        )
+    if req.guided_json is not None:
+        schema = req.guided_json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise bad_request(f"guided_json: not valid JSON: {e}", "guided_json") from e
+        found.append(("guided_json", _spec("guided_json", json=schema)))
+    if req.guided_regex is not None:
+        found.append(("guided_regex", _spec("guided_regex", regex=req.guided_regex)))
+    if req.guided_choice is not None:
+        found.append(("guided_choice", _spec("guided_choice", choice=tuple(req.guided_choice))))
+    if req.guided_grammar is not None:
+        found.append(("guided_grammar", _spec("guided_grammar", grammar=req.guided_grammar)))
+    return found
+
+
+def tools_to_force(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """The tools a call must be made to (tool_choice required / named), else None.
+    Inconsistent tool settings are a 400."""
+    choice = req.tool_choice
+    if choice is not None and choice != "none" and not req.tools:
+        raise bad_request("tool_choice: requires `tools`", "tool_choice")
+    if not req.tools or choice in (None, "none", "auto"):
+        return None
+    tools = [t.model_dump(by_alias=True, exclude_none=True) for t in req.tools]
+    if choice == "required":
+        return tools
+    named = [t for t in tools if t["function"]["name"] == choice.function.name]
+    if not named:
+        raise bad_request(
+            f"tool_choice: function {choice.function.name!r} is not among the request's tools",
+            "tool_choice",
+        )
+    return named
+
+
+def build_constraint(
+    compiler: GrammarCompiler, req: SamplingFields, forced_tools: list[dict[str, Any]] | None = None
+) -> StructuredOutputsParams | None:
+    found = requested_constraints(req)
+    if forced_tools:
+        parallel = getattr(req, "parallel_tool_calls", True)
+        found.append(
+            (
+                "tool_choice",
+                StructuredOutputsParams(grammar=tool_call_grammar(forced_tools, parallel)),
+            )
+        )
+    if len(found) > 1:
+        raise bad_request(
+            f"{found[1][0]}: only one output constraint per request (also got {found[0][0]})",
+            found[1][0],
+        )
+    if not found:
+        return None
+    param, spec = found[0]
+    try:
+        compiler.compile(spec)  # fails here, as a 400, rather than in the engine
+    except GrammarError as e:
+        raise bad_request(f"{param}: {e}", param) from e
+    return spec
+
+
+def repetition_setting(req: SamplingFields) -> RepetitionDetection | bool | None:
+    value = req.repetition_detection
+    if value is None or isinstance(value, bool):
+        return value
+    return RepetitionDetection(value.max_period, value.min_repeats, value.min_span)
