@@ -219,6 +219,7 @@ def test_metrics_exposed(server):
         "tokenmill:inter_token_latency_seconds_bucket",
         "tokenmill:e2e_request_latency_seconds_bucket",
         "tokenmill:request_queue_time_seconds_bucket",
+        "tokenmill:repetition_cutoffs_total",
     ):
         assert name in text, name
 

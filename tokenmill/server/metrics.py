@@ -126,8 +126,55 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.repetition_cutoffs = Counter(
+            "tokenmill:repetition_cutoffs",
+            "Sequences ended by the loop cut-off",
+            labels,
+            registry=r,
+        )
+        tier = [*labels, "medium"]
+        self.tier_hits = Counter(
+            "tokenmill:kv_tier_hits", "Blocks loaded back from a lower KV tier", tier, registry=r
+        )
+        self.tier_stores = Counter(
+            "tokenmill:kv_tier_stores", "Blocks written down to a KV tier", tier, registry=r
+        )
+        self.tier_evictions = Counter(
+            "tokenmill:kv_tier_evictions", "Blocks evicted from a KV tier", tier, registry=r
+        )
+        self.tier_corrupted = Counter(
+            "tokenmill:kv_tier_corrupted",
+            "Disk blocks that failed their checksum",
+            tier,
+            registry=r,
+        )
+        self.tier_bytes_stored = Counter(
+            "tokenmill:kv_tier_stored_bytes", "Bytes written to a KV tier", tier, registry=r
+        )
+        self.tier_bytes_loaded = Counter(
+            "tokenmill:kv_tier_loaded_bytes", "Bytes loaded from a KV tier", tier, registry=r
+        )
+        self.tier_load_p50 = Gauge(
+            "tokenmill:kv_tier_load_seconds_p50", "Median block load latency", tier, registry=r
+        )
+        self.tier_store_p50 = Gauge(
+            "tokenmill:kv_tier_store_seconds_p50", "Median block store latency", tier, registry=r
+        )
+        self.prefix_hits_by_medium = Counter(
+            "tokenmill:prefix_cache_hits_by_medium",
+            "Prompt tokens found cached, by tier",
+            tier,
+            registry=r,
+        )
         self.model = model_name
         self._last = SchedulerStats()
+        # Expose every model-level series from the start (zero until something happens).
+        for metric in (
+            self.running, self.waiting, self.kv_usage, self.preemptions, self.prefix_queries, self.prefix_hits,
+            self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e, self.queue_time,
+            self.repetition_cutoffs,
+        ):  # fmt: skip
+            metric.labels(model_name)
 
     def on_scheduler_stats(self, stats: SchedulerStats) -> None:
         m = self.model
@@ -138,9 +185,33 @@ class ServerMetrics:
             (self.preemptions, stats.num_preemptions, self._last.num_preemptions),
             (self.prefix_queries, stats.prefix_cache_queries, self._last.prefix_cache_queries),
             (self.prefix_hits, stats.prefix_cache_hits, self._last.prefix_cache_hits),
+            (
+                self.repetition_cutoffs,
+                stats.num_repetition_cutoffs,
+                self._last.num_repetition_cutoffs,
+            ),
         ):
             if now > before:
                 counter.labels(m).inc(now - before)
+        for medium, tokens in stats.prefix_cache_hits_by_medium.items():
+            before = self._last.prefix_cache_hits_by_medium.get(medium, 0)
+            if tokens > before:
+                self.prefix_hits_by_medium.labels(m, medium).inc(tokens - before)
+        for medium, tier in stats.kv_tiers.items():
+            before = self._last.kv_tiers.get(medium, {})
+            for counter, key in (
+                (self.tier_hits, "hits"),
+                (self.tier_stores, "stores"),
+                (self.tier_evictions, "evictions"),
+                (self.tier_corrupted, "corrupted"),
+                (self.tier_bytes_stored, "bytes_stored"),
+                (self.tier_bytes_loaded, "bytes_loaded"),
+            ):
+                delta = tier.get(key, 0) - before.get(key, 0)
+                if delta > 0:
+                    counter.labels(m, medium).inc(delta)
+            self.tier_load_p50.labels(m, medium).set(tier.get("load_p50_s", 0.0))
+            self.tier_store_p50.labels(m, medium).set(tier.get("store_p50_s", 0.0))
         self._last = stats
 
     def on_tokens(self, timing: RequestTiming, new_tokens: int, now: float) -> None:
