@@ -218,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_bench_parser(sub)
+    try:
+        from tokenmill.router.cli import add_router_parsers
+    except ImportError:  # the cluster layer is optional
+        pass
+    else:
+        add_router_parsers(sub, add_engine_args)
     return parser
 
 
