@@ -20,10 +20,11 @@ from tokenmill.server.sampling import chat_logprobs, resolve_max_tokens, to_samp
 from tokenmill.server.state import (
     ServerState,
     engine_error,
+    final_output,
     log_request,
     new_id,
-    sse,
     sse_with_errors,
+    stream_chunk,
     until_disconnect,
 )
 from tokenmill.server.tool_messages import template_messages
@@ -124,7 +125,7 @@ async def create_chat_completion(
                 media_type="text/event-stream",
                 headers={"X-Request-Id": request_id},
             )
-        final = await until_disconnect(raw, _last(gen))
+        final = await until_disconnect(raw, final_output(gen))
     except StopAsyncIteration:
         raise engine_error(RuntimeError("no output"), request_id) from None
     except (ValueError, RuntimeError) as e:
@@ -186,15 +187,6 @@ async def create_chat_completion(
     return JSONResponse(body, headers={"X-Request-Id": request_id})
 
 
-async def _last(gen: AsyncIterator[RequestOutput]) -> RequestOutput:
-    final = None
-    async for out in gen:
-        final = out
-    if final is None:
-        raise RuntimeError("the engine returned no output")
-    return final
-
-
 def _log(request_id, completion_id, endpoint, prompt_tokens, completion_tokens, final, started):
     first = final.metrics.get("first_token_time")
     arrival = final.metrics.get("arrival_time")
@@ -235,16 +227,9 @@ async def _stream(
     call_ids: list[dict[int, str]] = [{} for _ in range(n)]
 
     def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
-        body: dict[str, Any] = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": choices,
-        }
-        if include_usage:
-            body["usage"] = usage
-        return sse(body)
+        return stream_chunk(
+            completion_id, "chat.completion.chunk", created, model, choices, usage, include_usage
+        )
 
     def deltas(index: int, text: str, finished: bool) -> list[dict[str, Any]]:
         """Text -> OpenAI deltas (content and tool-call pieces) for one choice."""

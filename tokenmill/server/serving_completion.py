@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -20,10 +19,11 @@ from tokenmill.server.serving_chat import usage_dict
 from tokenmill.server.state import (
     ServerState,
     engine_error,
+    final_output,
     log_request,
     new_id,
-    sse,
     sse_with_errors,
+    stream_chunk,
     until_disconnect,
 )
 
@@ -107,7 +107,7 @@ async def create_completion(
                 media_type="text/event-stream",
                 headers={"X-Request-Id": request_id},
             )
-        finals = await until_disconnect(raw, asyncio.gather(*(_last(g) for g in gens)))
+        finals = await until_disconnect(raw, asyncio.gather(*(final_output(g) for g in gens)))
     except (ValueError, RuntimeError) as e:
         for g in gens:
             await g.aclose()
@@ -171,15 +171,6 @@ def _logprobs(
     return completion_logprobs(tok, c.token_ids, c.logprobs or [], top)
 
 
-async def _last(gen: AsyncIterator[RequestOutput]) -> RequestOutput:
-    final = None
-    async for out in gen:
-        final = out
-    if final is None:
-        raise RuntimeError("the engine returned no output")
-    return final
-
-
 async def _stream(
     state, req, gens, firsts, prompts, completion_id, created, model, started, request_id
 ):
@@ -191,16 +182,9 @@ async def _stream(
     cached = 0
 
     def chunk(choices, usage=None) -> str:
-        body: dict[str, Any] = {
-            "id": completion_id,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": choices,
-        }
-        if include_usage:
-            body["usage"] = usage
-        return sse(body)
+        return stream_chunk(
+            completion_id, "text_completion", created, model, choices, usage, include_usage
+        )
 
     # Merge the prompts' streams in arrival order.
     queue: asyncio.Queue = asyncio.Queue()

@@ -15,6 +15,7 @@ from fastapi import Request
 
 from tokenmill.engine.async_llm import AsyncLLM, QueueFullError, RequestFailedError
 from tokenmill.engine.core_client import EngineDeadError
+from tokenmill.outputs import RequestOutput
 from tokenmill.server.errors import APIError
 from tokenmill.server.metrics import ServerMetrics
 
@@ -105,6 +106,37 @@ async def until_disconnect(raw: Request, work: Awaitable[T], poll_s: float = 0.2
 
 def sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def stream_chunk(
+    completion_id: str,
+    obj: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    include_usage: bool,
+) -> str:
+    """One SSE chunk; with include_usage every chunk carries `usage` (null until the last)."""
+    body: dict[str, Any] = {
+        "id": completion_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if include_usage:
+        body["usage"] = usage
+    return sse(body)
+
+
+async def final_output(gen: AsyncIterator[RequestOutput]) -> RequestOutput:
+    final = None
+    async for out in gen:
+        final = out
+    if final is None:
+        raise RuntimeError("the engine returned no output")
+    return final
 
 
 async def sse_with_errors(chunks: AsyncIterator[str], request_id: str) -> AsyncIterator[str]:
