@@ -1,0 +1,198 @@
+"""The router's HTTP front: the OpenAI API of the replicas behind it, plus /router_info."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+import tokenmill
+from tokenmill.router.admission import Admission
+from tokenmill.router.health import health_loop
+from tokenmill.router.prompts import PromptHasher, RequestKey
+from tokenmill.router.proxy import Proxy, return_headers
+from tokenmill.router.router import Router
+from tokenmill.server.errors import APIError, error_body
+
+logger = logging.getLogger("tokenmill.router")
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise APIError(413, f"request body of {length} bytes exceeds the limit of {max_bytes}")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > max_bytes:
+            raise APIError(413, f"request body exceeds the limit of {max_bytes} bytes")
+    return bytes(body)
+
+
+def parse_json(body: bytes) -> dict[str, Any] | None:
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def build_router_app(router: Router, hasher: PromptHasher) -> FastAPI:
+    config = router.config
+    admission = Admission(config.max_in_flight, config.max_queue, config.queue_timeout_s)
+    holder: dict[str, Any] = {}
+    turn = [0]  # passthrough rotation
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        limits = httpx.Limits(
+            max_connections=config.max_in_flight + 64, max_keepalive_connections=64
+        )
+        timeout = httpx.Timeout(
+            connect=config.connect_timeout_s, read=config.read_timeout_s, write=30.0, pool=None
+        )
+        client = httpx.AsyncClient(limits=limits, timeout=timeout)
+        holder["client"] = client
+        holder["proxy"] = Proxy(router, client)
+        router.start_events()
+        task = asyncio.create_task(health_loop(router, client))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            router.stop_events()
+            await client.aclose()
+
+    app = FastAPI(title="tokenmill router", version=tokenmill.__version__, lifespan=lifespan)
+    app.state.router = router
+
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, exc: APIError):
+        return exc.response()
+
+    async def routed(request: Request, path: str, endpoint: str) -> Response:
+        request_id = request.headers.get("x-request-id", "")[:200] or uuid.uuid4().hex
+        body = await read_body(request, config.max_body_bytes)
+        data = parse_json(body)
+        key: RequestKey | None = None
+        if data is not None:
+            try:
+                key = hasher.key(endpoint, data, request.headers.get("x-session-id"))
+            except ValueError:
+                key = None  # invalid: a replica answers with the precise 4xx
+        stream = bool(data.get("stream")) if data else False
+        try:
+            ticket = await admission.acquire()
+        except APIError:
+            router.metrics.rejected.labels("queue_full").inc()
+            raise
+        return await holder["proxy"].forward(
+            path, body, dict(request.headers), key, stream, request_id, ticket
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await routed(request, "/v1/chat/completions", "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await routed(request, "/v1/completions", "completions")
+
+    async def passthrough(request: Request, path: str) -> Response:
+        """Any healthy replica answers (models, tokenize, version)."""
+        client: httpx.AsyncClient = holder["client"]
+        body = await read_body(request, config.max_body_bytes)
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() in ("content-type", "authorization", "x-request-id")
+        }
+        healthy = router.healthy()
+        turn[0] += 1
+        for i in range(len(healthy)):
+            r = healthy[(turn[0] + i) % len(healthy)]
+            try:
+                resp = await client.request(
+                    request.method, r.url + path, content=body or None, headers=headers,
+                    params=request.query_params, timeout=30.0,
+                )  # fmt: skip
+            except httpx.HTTPError:
+                continue
+            if resp.status_code in (502, 503, 504) and i + 1 < len(healthy):
+                continue
+            rid = request.headers.get("x-request-id", "")
+            return Response(resp.content, resp.status_code, return_headers(resp, rid))
+        return APIError(
+            503, "no healthy replica", "server_error", None, "no_healthy_replica"
+        ).response()
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        return await passthrough(request, "/v1/models")
+
+    @app.get("/v1/models/{model_id}")
+    async def model(request: Request, model_id: str):
+        return await passthrough(request, f"/v1/models/{model_id}")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return await passthrough(request, "/tokenize")
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return await passthrough(request, "/detokenize")
+
+    @app.get("/version")
+    async def version():
+        return {"version": tokenmill.__version__, "role": "router"}
+
+    @app.get("/health")
+    async def health():
+        if router.healthy():
+            return Response(status_code=200)
+        return JSONResponse(
+            error_body("no healthy replica", "server_error", code="no_healthy_replica"),
+            status_code=503,
+        )
+
+    @app.get("/metrics")
+    async def metrics():
+        router.metrics.queued.set(admission.waiting)
+        return Response(
+            router.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
+
+    @app.get("/router_info")
+    async def router_info():
+        return {
+            **router.snapshot(),
+            "in_flight": admission.in_flight,
+            "queued": admission.waiting,
+        }
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request):
+        """Admin: resets every healthy replica's prefix cache (benchmarks start cold)."""
+        client: httpx.AsyncClient = holder["client"]
+        headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+        out = {}
+        for r in router.healthy():
+            try:
+                resp = await client.post(r.url + "/reset_prefix_cache", headers=headers)
+                out[r.name] = resp.status_code
+            except httpx.HTTPError as e:
+                out[r.name] = type(e).__name__
+        ok = all(v == 200 for v in out.values())
+        return JSONResponse({"reset": ok, "replicas": out}, status_code=200 if ok else 409)
+
+    return app

@@ -1,0 +1,159 @@
+"""`tokenmill router` and `tokenmill cluster`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shlex
+import signal
+import tempfile
+from pathlib import Path
+
+from tokenmill.router.config import POLICIES, CostWeights, GuardConfig, RouterConfig
+from tokenmill.router.replicas import ReplicaSpec
+
+logger = logging.getLogger("tokenmill.router")
+
+# engine flags the cluster sets itself for each replica
+_CLUSTER_OWNED = {"kv_events_endpoint", "kv_events_replay_endpoint", "num_threads"}
+
+
+def add_router_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    g = p.add_argument_group("routing")
+    g.add_argument("--policy", choices=POLICIES, default="cache_aware")
+    w, gd = CostWeights(), GuardConfig()
+    g.add_argument("--prefill-weight", type=float, default=w.prefill, help="cost per prefill block")
+    g.add_argument(
+        "--decode-weight", type=float, default=w.decode, help="cost per active (decode) block"
+    )
+    g.add_argument("--host-credit", type=float, default=w.host_credit)
+    g.add_argument("--disk-credit", type=float, default=w.disk_credit)
+    g.add_argument(
+        "--balance-abs-threshold", type=int, default=gd.abs_threshold,
+        help="imbalance guard: max - min requests in flight above this ...",
+    )  # fmt: skip
+    g.add_argument(
+        "--balance-rel-threshold", type=float, default=gd.rel_threshold,
+        help="... and max > this x min: route to the least loaded",
+    )  # fmt: skip
+    c = RouterConfig()
+    g.add_argument("--booking-ttl", type=float, default=c.booking_ttl_s, metavar="S")
+    g.add_argument("--approx-ttl", type=float, default=c.approx_ttl_s, metavar="S")
+    g.add_argument("--health-interval", type=float, default=c.health_interval_s, metavar="S")
+    g.add_argument("--retries", type=int, default=c.retries, help="before the first token")
+    g.add_argument("--max-in-flight", type=int, default=c.max_in_flight)
+    g.add_argument("--max-queue", type=int, default=c.max_queue, help="beyond this: 503")
+    g.add_argument(
+        "--log-decisions", action="store_true", help="one JSON line per routing decision"
+    )
+
+
+def router_config(args: argparse.Namespace) -> RouterConfig:
+    return RouterConfig(
+        policy=args.policy,
+        weights=CostWeights(
+            prefill=args.prefill_weight,
+            decode=args.decode_weight,
+            host_credit=args.host_credit,
+            disk_credit=args.disk_credit,
+        ),
+        guard=GuardConfig(args.balance_abs_threshold, args.balance_rel_threshold),
+        booking_ttl_s=args.booking_ttl,
+        approx_ttl_s=args.approx_ttl,
+        health_interval_s=args.health_interval,
+        retries=args.retries,
+        max_in_flight=args.max_in_flight,
+        max_queue=args.max_queue,
+    )
+
+
+def add_router_parsers(sub, add_engine_args) -> None:
+    p = sub.add_parser("router", help="cache-aware router in front of running replicas")
+    p.add_argument(
+        "--replica", action="append", required=True, metavar="URL[,EVENTS[,REPLAY]]",
+        help="a replica, with its KV event and replay endpoints (repeatable)",
+    )  # fmt: skip
+    p.add_argument("--model", default=None, help="tokenizer/chat template (default: embedded)")
+    add_router_args(p)
+    p.set_defaults(func=cmd_router)
+
+    c = sub.add_parser("cluster", help="N engine replicas on this machine + the router in front")
+    c.add_argument("--replicas", type=int, default=2)
+    c.add_argument("--replica-args", default="", help="extra `serve` flags for every replica")
+    c.add_argument("--log-dir", default=None, help="replica logs (default: a temp folder)")
+    add_router_args(c)
+    before = list(c._actions)
+    add_engine_args(c)
+    c.set_defaults(func=cmd_cluster, _engine_actions=[a for a in c._actions if a not in before])
+
+
+def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None, host: str,
+               port: int, log_decisions: bool = False) -> int:  # fmt: skip
+    import uvicorn
+
+    from tokenmill.router.app import build_router_app
+    from tokenmill.router.prompts import PromptHasher
+    from tokenmill.router.router import Router
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request
+    if log_decisions:
+        logging.getLogger("tokenmill.router.decision").setLevel(logging.DEBUG)
+    router = Router(config, specs)
+    app = build_router_app(router, PromptHasher.from_model(model))
+    logger.warning(
+        "tokenmill router on http://%s:%d (%s) -> %s",
+        host, port, config.policy, ", ".join(s.url for s in specs),
+    )  # fmt: skip
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    )
+    signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn drains, then re-raises: exit 0
+    asyncio.run(server.serve())
+    return 0
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    specs = [ReplicaSpec.parse(r) for r in args.replica]
+    return run_router(
+        router_config(args), specs, args.model, args.host, args.port, args.log_decisions
+    )
+
+
+def engine_argv(args: argparse.Namespace) -> list[str]:
+    """The engine flags given to `cluster`, as `serve` flags for each replica."""
+    out: list[str] = []
+    for a in args._engine_actions:
+        value = getattr(args, a.dest)
+        if a.dest in _CLUSTER_OWNED or value == a.default or not a.option_strings:
+            continue
+        if a.nargs == 0:
+            out.append(a.option_strings[0])
+        else:
+            out += [a.option_strings[0], str(value)]
+    return out
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from tokenmill.router.cluster import start_cluster, stop_cluster
+
+    if args.replicas < 1:
+        raise ValueError("replicas: must be >= 1")
+    config = router_config(args)  # validate before starting anything
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="tokenmill-cluster-"))
+    argv = engine_argv(args) + shlex.split(args.replica_args)
+    level = logging.getLevelName(logging.getLogger().level)
+    print(f"starting {args.replicas} replicas (logs in {log_dir}) ...", flush=True)
+    replicas = start_cluster(args.replicas, argv, log_dir, args.num_threads, level)
+    for r in replicas:
+        print(f"  replica {r.spec.url}  events {r.spec.events}  replay {r.spec.replay}")
+    try:
+        return run_router(
+            config, [r.spec for r in replicas], args.model, args.host, args.port,
+            args.log_decisions,
+        )  # fmt: skip
+    finally:
+        codes = stop_cluster(replicas)
+        print(f"replicas stopped (exit codes {codes})", flush=True)

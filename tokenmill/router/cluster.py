@@ -1,0 +1,125 @@
+"""`tokenmill cluster`: N engine replicas on this machine (threads split between them), each
+publishing KV events, for the router to sit in front of."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tokenmill.router.replicas import ReplicaSpec
+
+logger = logging.getLogger("tokenmill.router")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ReplicaProcess:
+    proc: subprocess.Popen
+    spec: ReplicaSpec
+    log_path: Path
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                return self.proc.wait()
+        return self.proc.returncode
+
+
+def threads_per_replica(n: int, cores: int | None = None) -> int:
+    return max(1, (cores or os.cpu_count() or 1) // n)
+
+
+def start_replica(
+    engine_argv: list[str],
+    log_dir: Path,
+    threads: int | None,
+    host: str = "127.0.0.1",
+    log_level: str = "WARNING",
+) -> ReplicaProcess:
+    port, events, replay = free_port(host), free_port(host), free_port(host)
+    spec = ReplicaSpec(f"http://{host}:{port}", f"tcp://{host}:{events}", f"tcp://{host}:{replay}")
+    cmd = [
+        sys.executable, "-m", "tokenmill.cli", "--log-level", log_level, "serve",
+        "--host", host, "--port", str(port),
+        "--kv-events-endpoint", spec.events, "--kv-events-replay-endpoint", spec.replay,
+        *(["--num-threads", str(threads)] if threads else []), *engine_argv,
+    ]  # fmt: skip
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"replica-{port}.log"
+    log = open(log_path, "w")  # noqa: SIM115  (the process owns it)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    log.close()
+    return ReplicaProcess(proc, spec, log_path)
+
+
+def wait_ready(replicas: list[ReplicaProcess], timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(replicas)
+    while pending:
+        for r in list(pending):
+            if r.proc.poll() is not None:
+                raise RuntimeError(
+                    f"replica {r.spec.url} exited with {r.proc.returncode}:\n{r.log_tail()}"
+                )
+            try:
+                if httpx.get(r.spec.url + "/health", timeout=2).status_code == 200:
+                    pending.remove(r)
+                    logger.warning("replica %s ready (log %s)", r.spec.url, r.log_path)
+            except httpx.HTTPError:
+                pass
+        if pending and time.monotonic() > deadline:
+            raise RuntimeError(f"replicas not ready in {timeout_s:g}s: {pending[0].log_tail()}")
+        if pending:
+            time.sleep(0.5)
+
+
+def start_cluster(
+    n: int,
+    engine_argv: list[str],
+    log_dir: Path,
+    threads: int | None = None,
+    log_level: str = "WARNING",
+) -> list[ReplicaProcess]:
+    """Starts n replicas and waits until all are healthy (stops them all on failure)."""
+    threads = threads or threads_per_replica(n)
+    replicas = [start_replica(engine_argv, log_dir, threads, log_level=log_level) for _ in range(n)]
+    try:
+        wait_ready(replicas)
+    except BaseException:
+        stop_cluster(replicas)
+        raise
+    return replicas
+
+
+def stop_cluster(replicas: list[ReplicaProcess]) -> list[int]:
+    for r in replicas:
+        if r.proc.poll() is None:
+            r.proc.send_signal(signal.SIGTERM)
+    return [r.stop() for r in replicas]

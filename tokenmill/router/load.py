@@ -1,0 +1,96 @@
+"""Per-replica load as the router books it: every decision is booked at once, so the next
+request of a burst already sees it, long before any event or metric from the replica.
+
+- pending prefill: the blocks a request will compute (prompt minus credited cache hit),
+  from the decision until its first token arrives (or a TTL, for non-streamed requests
+  whose first token the router never sees);
+- active blocks: the distinct prompt blocks of requests in flight (shared prefixes count
+  once, as in Dynamo) plus one growing tail block per request;
+- requests in flight (the imbalance guard and least-load use these).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Booking:
+    request_id: str
+    replica: str
+    hashes: tuple[int, ...]
+    prefill_blocks: float
+    pending_until: float  # prefill no longer counted after this (monotonic seconds)
+    prefilled: bool = False
+
+
+@dataclass
+class ReplicaLoad:
+    bookings: dict[str, Booking] = field(default_factory=dict)
+    active: Counter[int] = field(default_factory=Counter)
+
+
+class LoadTracker:
+    def __init__(self, booking_ttl_s: float = 30.0) -> None:
+        self.booking_ttl_s = booking_ttl_s
+        self._loads: dict[str, ReplicaLoad] = {}
+
+    def _load(self, replica: str) -> ReplicaLoad:
+        return self._loads.setdefault(replica, ReplicaLoad())
+
+    def book(
+        self,
+        request_id: str,
+        replica: str,
+        hashes: tuple[int, ...],
+        prefill_blocks: float,
+        now: float | None = None,
+    ) -> Booking:
+        now = time.monotonic() if now is None else now
+        b = Booking(request_id, replica, hashes, prefill_blocks, now + self.booking_ttl_s)
+        load = self._load(replica)
+        load.bookings[request_id] = b
+        load.active.update(hashes)
+        return b
+
+    def first_token(self, booking: Booking) -> None:
+        booking.prefilled = True
+
+    def finish(self, booking: Booking) -> None:
+        load = self._loads.get(booking.replica)
+        if load is None or load.bookings.pop(booking.request_id, None) is None:
+            return
+        load.active.subtract(booking.hashes)
+        for h in booking.hashes:
+            if load.active[h] <= 0:
+                del load.active[h]
+
+    # ------------------------------------------------------------ reads
+
+    def pending_prefill(self, replica: str, now: float | None = None) -> float:
+        load = self._loads.get(replica)
+        if load is None:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        return sum(
+            b.prefill_blocks
+            for b in load.bookings.values()
+            if not b.prefilled and b.pending_until > now
+        )
+
+    def active_blocks(self, replica: str, extra: tuple[int, ...] = ()) -> int:
+        """Distinct active blocks (+ one tail per request), with `extra` hashes added."""
+        load = self._loads.get(replica)
+        if load is None:
+            return len(set(extra))
+        new = sum(1 for h in set(extra) if h not in load.active)
+        return len(load.active) + len(load.bookings) + new
+
+    def in_flight(self, replica: str) -> int:
+        load = self._loads.get(replica)
+        return len(load.bookings) if load else 0
+
+    def total_in_flight(self) -> int:
+        return sum(len(load.bookings) for load in self._loads.values())

@@ -1,0 +1,104 @@
+"""Prometheus metrics of the router (`tokenmill:router_...`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+_TTFT = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        p = "tokenmill:router_"
+        self.decisions = Counter(
+            p + "decisions_total", "routing decisions", ["policy", "replica", "reason"], registry=r
+        )
+        self.hit_blocks = Counter(
+            p + "hit_blocks_total", "predicted cached prompt blocks of routed requests",
+            ["replica"], registry=r,
+        )  # fmt: skip
+        self.prompt_blocks = Counter(
+            p + "prompt_blocks_total", "full prompt blocks of routed requests", registry=r
+        )
+        self.guard_triggers = Counter(
+            p + "imbalance_guard_total", "decisions taken by the imbalance guard", registry=r
+        )
+        self.requests = Counter(
+            p + "requests_total", "proxied requests by outcome", ["replica", "outcome"], registry=r
+        )
+        self.retries = Counter(
+            p + "retries_total", "requests retried on another replica", ["reason"], registry=r
+        )
+        self.stream_errors = Counter(
+            p + "stream_errors_total", "streams ended by an upstream failure", ["replica"],
+            registry=r,
+        )  # fmt: skip
+        self.rejected = Counter(
+            p + "rejected_total", "requests refused by the router", ["reason"], registry=r
+        )
+        self.cached_tokens = Counter(
+            p + "cached_tokens_total", "prompt tokens the replicas reported cached", ["replica"],
+            registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            p + "prompt_tokens_total", "prompt tokens the replicas reported", ["replica"],
+            registry=r,
+        )  # fmt: skip
+        self.event_batches = Counter(
+            p + "kv_event_batches_total", "KV event batches applied", ["replica"], registry=r
+        )
+        self.event_gaps = Counter(
+            p + "kv_event_gaps_total", "sequence gaps in KV event streams", ["replica"],
+            registry=r,
+        )  # fmt: skip
+        self.event_resyncs = Counter(
+            p + "kv_event_resyncs_total", "full resyncs of a replica's index", ["replica"],
+            registry=r,
+        )  # fmt: skip
+        self.health_changes = Counter(
+            p + "replica_health_changes_total", "replica health transitions", ["replica", "to"],
+            registry=r,
+        )  # fmt: skip
+        self.decision_seconds = Histogram(
+            p + "decision_seconds", "tokenize + hash + score + book", buckets=_SECONDS, registry=r
+        )
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds", "router-side TTFT of streamed requests",
+            buckets=_TTFT, registry=r,
+        )  # fmt: skip
+        self.healthy = Gauge(p + "replica_healthy", "1 when healthy", ["replica"], registry=r)
+        self.in_flight = Gauge(p + "in_flight", "requests in flight", ["replica"], registry=r)
+        self.queued = Gauge(p + "queued", "requests waiting in the router's queue", registry=r)
+        self.pending_prefill = Gauge(
+            p + "pending_prefill_blocks", "booked prefill blocks", ["replica"], registry=r
+        )
+        self.index_blocks = Gauge(
+            p + "index_blocks", "blocks the index holds for a replica", ["replica", "medium"],
+            registry=r,
+        )  # fmt: skip
+        self.events_synced = Gauge(
+            p + "kv_events_synced", "1 when the event index is complete, 0 when partial/none",
+            ["replica"], registry=r,
+        )  # fmt: skip
+        self._collect: Callable[[RouterMetrics], None] | None = None
+        # the stream-side counters the subscribers keep, last seen
+        self._seen: dict[tuple[str, str], int] = {}
+
+    def on_collect(self, fn: Callable[[RouterMetrics], None]) -> None:
+        self._collect = fn
+
+    def add_delta(self, counter: Counter, replica: str, key: str, total: int) -> None:
+        """Advances a counter to a running total kept elsewhere."""
+        prev = self._seen.get((replica, key), 0)
+        if total > prev:
+            counter.labels(replica).inc(total - prev)
+        self._seen[(replica, key)] = total
+
+    def render(self) -> bytes:
+        if self._collect is not None:
+            self._collect(self)
+        return generate_latest(self.registry)

@@ -1,0 +1,90 @@
+"""A request's token ids and block hashes, computed exactly as the engine computes them:
+the same tokenizer and chat template (the server's own `render_prompt`), the same chained
+hash with the request's `cache_salt`, for each block size the replicas use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from pydantic import ValidationError
+
+from tokenmill.kv.hashing import block_hashes, external_hash
+from tokenmill.server.errors import APIError
+from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest
+
+
+@dataclass
+class RequestKey:
+    """What routing needs to know about a request."""
+
+    token_ids: tuple[int, ...]  # the (first) prompt
+    num_tokens: int  # prompt tokens of all its sequences
+    num_seqs: int = 1
+    cache_salt: str | None = None
+    session: str | None = None
+    _hashes: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False)
+
+    def hashes(self, block_size: int) -> tuple[int, ...]:
+        """The 64-bit event hashes of the prompt's full blocks."""
+        cached = self._hashes.get(block_size)
+        if cached is None:
+            full = block_hashes(self.token_ids, block_size, self.cache_salt)
+            cached = self._hashes[block_size] = tuple(external_hash(h) for h in full)
+        return cached
+
+
+class PromptHasher:
+    """Turns request bodies into RequestKeys with the model's tokenizer and chat template."""
+
+    def __init__(self, tokenizer: Any, chat_template: Any) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        # what serving_chat.render_prompt reads from the server state
+        self._state = SimpleNamespace(
+            engine=SimpleNamespace(tokenizer=tokenizer, chat_template=chat_template)
+        )
+
+    @classmethod
+    def from_model(cls, model: str | None) -> PromptHasher:
+        from tokenmill.model.loader import load_model_files
+
+        files = load_model_files(model, with_weights=False)
+        return cls(files.tokenizer, files.chat_template)
+
+    def key(self, endpoint: str, body: dict[str, Any], session: str | None = None) -> RequestKey:
+        """Raises ValueError when the body is not a valid request (a replica will say why)."""
+        try:
+            if endpoint == "chat":
+                return self._chat(body, session)
+            return self._completion(body, session)
+        except (ValidationError, APIError) as e:
+            raise ValueError(str(e)) from e
+
+    def _chat(self, body: dict[str, Any], session: str | None) -> RequestKey:
+        from tokenmill.server.serving_chat import render_prompt
+
+        req = ChatCompletionRequest.model_validate(body)
+        _, ids = render_prompt(self._state, req)  # type: ignore[arg-type]
+        n = req.n or 1
+        return RequestKey(tuple(ids), len(ids) * n, n, req.cache_salt, session or req.user)
+
+    def _completion(self, body: dict[str, Any], session: str | None) -> RequestKey:
+        req = CompletionRequest.model_validate(body)
+        prompt = req.prompt
+        if isinstance(prompt, str):
+            prompts = [self.tokenizer.encode(prompt)]
+        elif prompt and isinstance(prompt[0], int):
+            prompts = [list(prompt)]
+        elif prompt and isinstance(prompt[0], str):
+            prompts = [self.tokenizer.encode(p) for p in prompt]  # type: ignore[union-attr]
+        else:
+            prompts = [list(p) for p in prompt]  # type: ignore[union-attr]
+        if not prompts or not prompts[0]:
+            raise ValueError("prompt: must not be empty")
+        n = req.n or 1
+        total = sum(len(p) for p in prompts) * n
+        return RequestKey(
+            tuple(prompts[0]), total, len(prompts) * n, req.cache_salt, session or req.user
+        )

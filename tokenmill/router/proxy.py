@@ -1,0 +1,212 @@
+"""Forwarding one request: choose, send, retry once before the first token, stream through.
+
+A replica answers a streamed request's headers only once its first token exists, so any
+failure before the headers (connection refused or reset, 502/503/504 such as a dead engine
+or a full queue) happened before the first token: the request goes once more to another
+replica. Non-streamed responses are read whole before anything is sent, so they retry the
+same way. A stream that breaks after its first bytes ends with an OpenAI error event and
+`data: [DONE]`; it never hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+from fastapi.responses import Response, StreamingResponse
+
+from tokenmill.router.admission import Ticket
+from tokenmill.router.prompts import RequestKey
+from tokenmill.router.router import Decision, Router
+from tokenmill.server.errors import APIError, error_body
+
+logger = logging.getLogger("tokenmill.router")
+
+RETRY_STATUS = frozenset({502, 503, 504})
+_FORWARD_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "user-agent")
+_RETURN_HEADERS = ("content-type", "retry-after", "x-request-id")
+_USAGE = re.compile(rb'"prompt_tokens":\s*(\d+).*?"cached_tokens":\s*(\d+)', re.S)
+
+
+def forward_headers(headers: dict[str, str], request_id: str) -> dict[str, str]:
+    out = {k: v for k, v in headers.items() if k.lower() in _FORWARD_HEADERS}
+    out["x-request-id"] = request_id
+    return out
+
+
+def return_headers(resp: httpx.Response, request_id: str) -> dict[str, str]:
+    out = {k: v for k, v in resp.headers.items() if k.lower() in _RETURN_HEADERS}
+    out["x-request-id"] = request_id
+    return out
+
+
+def sse_error(message: str, code: str) -> bytes:
+    body = error_body(message, "server_error", None, code)
+    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+
+
+class UpstreamStream(StreamingResponse):
+    """A StreamingResponse whose cleanup runs even if the client leaves before it starts."""
+
+    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]],
+                 **kwargs) -> None:  # fmt: skip
+        super().__init__(content, **kwargs)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._cleanup()
+
+
+class Proxy:
+    def __init__(self, router: Router, client: httpx.AsyncClient) -> None:
+        self.router = router
+        self.client = client
+        self.metrics = router.metrics
+
+    def _transport_failure(self, decision: Decision, e: Exception) -> None:
+        name = decision.replica.name
+        self.router.finish(decision)
+        if isinstance(e, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
+            self.router.mark_down(name, f"{type(e).__name__}: {e}")
+        self.metrics.requests.labels(name, "transport_error").inc()
+
+    async def forward(
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        key: RequestKey | None,
+        stream: bool,
+        request_id: str,
+        ticket: Ticket,
+    ) -> Response:
+        """Sends the request (retrying once before its first token) and returns the reply."""
+        fwd = forward_headers(headers, request_id)
+        tried: list[str] = []
+        last: Response | None = None
+        attempts = self.router.config.retries + 1
+        try:
+            for attempt in range(attempts):
+                t0 = time.perf_counter()
+                decision = self.router.decide(key, request_id, tried, attempt)
+                self.metrics.decision_seconds.observe(time.perf_counter() - t0)
+                if decision is None:
+                    break
+                name = decision.replica.name
+                tried.append(name)
+                if attempt:
+                    logger.info("request %s: retry %d on %s", request_id, attempt, name)
+                req = self.client.build_request(
+                    "POST", decision.replica.url + path, content=body, headers=fwd
+                )
+                try:
+                    resp = await self.client.send(req, stream=True)
+                except httpx.HTTPError as e:
+                    self._transport_failure(decision, e)
+                    self.metrics.retries.labels(type(e).__name__).inc()
+                    last = APIError(
+                        502, f"replica {name} failed: {type(e).__name__}", "server_error",
+                        None, "replica_failed",
+                    ).response()  # fmt: skip
+                    continue
+                retriable = resp.status_code in RETRY_STATUS and attempt + 1 < attempts
+                if stream and resp.status_code == 200:
+                    self.router.first_token(decision)
+                    self.metrics.ttft.observe(time.perf_counter() - t0)
+                    handoff = ticket
+                    ticket = Ticket(None)  # type: ignore[arg-type]  # the stream releases it
+                    return self._stream(resp, decision, request_id, handoff)
+                try:
+                    content = await resp.aread()
+                except httpx.HTTPError as e:  # died while generating; nothing sent yet
+                    self._transport_failure(decision, e)
+                    self.metrics.retries.labels(type(e).__name__).inc()
+                    last = APIError(
+                        502, f"replica {name} failed: {type(e).__name__}", "server_error",
+                        None, "replica_failed",
+                    ).response()  # fmt: skip
+                    continue
+                finally:
+                    await resp.aclose()
+                self.router.finish(decision)
+                self._count(name, resp.status_code, content)
+                out = Response(content, resp.status_code, return_headers(resp, request_id))
+                if retriable:
+                    self.metrics.retries.labels(str(resp.status_code)).inc()
+                    last = out
+                    continue
+                return out
+            if last is not None:
+                return last
+            self.metrics.rejected.labels("no_healthy_replica").inc()
+            return APIError(
+                503, "no healthy replica", "server_error", None, "no_healthy_replica",
+                headers={"Retry-After": "1"},
+            ).response()  # fmt: skip
+        finally:
+            ticket.release()
+
+    def _count(self, name: str, status: int, content: bytes) -> None:
+        self.metrics.requests.labels(name, str(status)).inc()
+        if status == 200:
+            self._usage(name, content)
+
+    def _usage(self, name: str, content: bytes) -> None:
+        matches = list(_USAGE.finditer(content[-4096:]))
+        if matches:
+            m = matches[-1]
+            self.metrics.prompt_tokens.labels(name).inc(int(m.group(1)))
+            self.metrics.cached_tokens.labels(name).inc(int(m.group(2)))
+
+    def _stream(
+        self, resp: httpx.Response, decision: Decision, request_id: str, ticket: Ticket
+    ) -> Response:
+        name = decision.replica.name
+        done = False
+
+        async def cleanup() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            await resp.aclose()
+            self.router.finish(decision)
+            ticket.release()
+
+        async def pump() -> AsyncIterator[bytes]:
+            tail = b""
+            problem = None
+            try:
+                async for chunk in resp.aiter_raw():
+                    if chunk:
+                        yield chunk
+                        tail = (tail + chunk)[-4096:]
+                if b"data: [DONE]" not in tail[-64:]:
+                    problem = "the replica closed the stream before it finished"
+            except httpx.HTTPError as e:
+                problem = f"the replica failed mid-stream: {type(e).__name__}"
+                if isinstance(e, httpx.RemoteProtocolError | httpx.ReadError):
+                    self.router.mark_down(name, problem)
+            try:
+                if problem is None:
+                    self.metrics.requests.labels(name, "200").inc()
+                    self._usage(name, tail)
+                    return
+                logger.warning("request %s on %s: %s", request_id, name, problem)
+                self.metrics.stream_errors.labels(name).inc()
+                self.metrics.requests.labels(name, "stream_error").inc()
+                sep = b"" if not tail or tail.endswith(b"\n\n") else b"\n\n"
+                yield sep + sse_error(f"request {request_id}: {problem}", "replica_failed")
+            finally:
+                await cleanup()
+
+        return UpstreamStream(
+            pump(), cleanup, status_code=resp.status_code, headers=return_headers(resp, request_id)
+        )

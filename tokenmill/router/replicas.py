@@ -1,0 +1,60 @@
+"""Replicas as the router sees them: address, event endpoints, health and engine facts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """`URL[,EVENTS[,REPLAY]]`, e.g. `http://10.0.0.5:8001,tcp://*:5557,tcp://*:5558`.
+
+    A `*` host in an event endpoint (how a replica binds) means the URL's host.
+    """
+
+    url: str
+    events: str | None = None
+    replay: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ReplicaSpec:
+        parts = [p.strip() for p in text.split(",")]
+        if not parts[0] or len(parts) > 3:
+            raise ValueError(f"replica: {text!r} is not URL[,EVENTS[,REPLAY]]")
+        url = parts[0].rstrip("/")
+        if "://" not in url:
+            url = "http://" + url
+        host = urlsplit(url).hostname or "127.0.0.1"
+
+        def endpoint(i: int) -> str | None:
+            if len(parts) <= i or not parts[i]:
+                return None
+            return parts[i].replace("://*:", f"://{host}:").replace("://0.0.0.0:", f"://{host}:")
+
+        return cls(url, endpoint(1), endpoint(2))
+
+    @property
+    def name(self) -> str:
+        u = urlsplit(self.url)
+        return f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"
+
+
+@dataclass
+class Replica:
+    spec: ReplicaSpec
+    healthy: bool = False
+    failures: int = 0  # failed health checks in a row
+    block_size: int = 16
+    pid: int | None = None
+    info: dict = field(default_factory=dict)
+    last_error: str | None = None
+    ever_healthy: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def url(self) -> str:
+        return self.spec.url

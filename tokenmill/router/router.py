@@ -1,0 +1,248 @@
+"""The router's core: replicas, the cache index, bookings, and the decision for a request."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tokenmill.router.approx import ApproxIndex
+from tokenmill.router.config import RouterConfig
+from tokenmill.router.cost import Candidate, candidate
+from tokenmill.router.index import KVIndex
+from tokenmill.router.load import Booking, LoadTracker
+from tokenmill.router.metrics import RouterMetrics
+from tokenmill.router.policy import choose
+from tokenmill.router.prompts import RequestKey
+from tokenmill.router.replicas import Replica, ReplicaSpec
+from tokenmill.router.subscriber import EventSubscriber
+
+logger = logging.getLogger("tokenmill.router")
+decision_log = logging.getLogger("tokenmill.router.decision")
+
+
+@dataclass
+class Decision:
+    replica: Replica
+    reason: str
+    booking: Booking
+    chosen: Candidate
+    candidates: tuple[Candidate, ...]
+    attempt: int = 0
+
+    def log_line(self, request_id: str, policy: str) -> str:
+        return json.dumps(
+            {
+                "request_id": request_id,
+                "policy": policy,
+                "replica": self.replica.name,
+                "reason": self.reason,
+                "attempt": self.attempt,
+                "hit_blocks": self.chosen.hit_blocks,
+                "prompt_blocks": round(self.chosen.prompt_blocks, 2),
+                "candidates": [c.brief() for c in self.candidates],
+            }
+        )
+
+
+class Router:
+    def __init__(
+        self,
+        config: RouterConfig,
+        specs: Iterable[ReplicaSpec],
+        metrics: RouterMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or RouterMetrics()
+        self.replicas: dict[str, Replica] = {}
+        for spec in specs:
+            if spec.name in self.replicas:
+                raise ValueError(f"replica: {spec.url} given twice")
+            self.replicas[spec.name] = Replica(spec)
+        if not self.replicas:
+            raise ValueError("replica: at least one is required")
+        self.index = KVIndex()
+        self.approx = ApproxIndex()
+        self.loads = LoadTracker(config.booking_ttl_s)
+        self.subscribers: dict[str, EventSubscriber] = {}
+        self._turn = 0
+        self.metrics.on_collect(self._collect)
+
+    # ------------------------------------------------------------ events
+
+    def start_events(self) -> None:
+        for r in self.replicas.values():
+            if r.spec.events and r.name not in self.subscribers:
+                sub = EventSubscriber(
+                    r.name, self.index, r.spec.events, r.spec.replay, self.config.replay_timeout_s
+                )
+                self.subscribers[r.name] = sub
+                sub.start()
+
+    def stop_events(self) -> None:
+        for sub in self.subscribers.values():
+            sub.stop()
+        self.subscribers.clear()
+
+    def event_state(self, name: str) -> str:
+        """synced (complete index) | partial (a subset) | none (approximate index only)."""
+        sub = self.subscribers.get(name)
+        if sub is None or sub.state == "idle":
+            return "none"
+        return sub.state
+
+    # ------------------------------------------------------------ health
+
+    def mark_up(self, name: str, info: dict) -> None:
+        r = self.replicas[name]
+        engine = info.get("engine", {}) if isinstance(info, dict) else {}
+        pid = engine.get("pid")
+        restarted = r.pid is not None and pid is not None and pid != r.pid
+        r.info = info
+        r.block_size = int(engine.get("block_size") or r.block_size)
+        r.pid = pid if pid is not None else r.pid
+        r.failures = 0
+        if r.healthy and not restarted:
+            return
+        logger.warning("replica %s is up%s", name, " (restarted)" if restarted else "")
+        r.healthy = r.ever_healthy = True
+        r.last_error = None
+        self.metrics.health_changes.labels(name, "up").inc()
+        self.approx.clear(name)
+        self.index.enable(name)
+        sub = self.subscribers.get(name)
+        if sub is not None:
+            sub.resync()
+
+    def mark_down(self, name: str, reason: str) -> None:
+        """No more traffic; its index entries go (they come back by resync on rejoin)."""
+        r = self.replicas[name]
+        r.last_error = reason
+        if not r.healthy:
+            return
+        r.healthy = False
+        dropped = self.index.disable(name)
+        self.approx.clear(name)
+        self.metrics.health_changes.labels(name, "down").inc()
+        logger.warning("replica %s is down (%s); dropped %d index blocks", name, reason, dropped)
+
+    def healthy(self) -> list[Replica]:
+        return [r for r in self.replicas.values() if r.healthy]
+
+    # ------------------------------------------------------------ decisions
+
+    def candidates(self, key: RequestKey | None, replicas: list[Replica]) -> list[Candidate]:
+        now = time.monotonic()
+        out = []
+        for r in replicas:
+            if key is None:
+                hashes: tuple[int, ...] = ()
+                tiers: list[int] = []
+                approx, num_tokens = 0, 0
+            else:
+                hashes = key.hashes(r.block_size)
+                tiers = self.index.tiers(r.name, hashes)
+                approx = self.approx.prefix(r.name, hashes, now)
+                num_tokens = key.num_tokens
+            out.append(
+                candidate(
+                    r.name,
+                    num_tokens,
+                    r.block_size,
+                    tiers,
+                    approx,
+                    self.loads.pending_prefill(r.name, now),
+                    self.loads.active_blocks(r.name, hashes),
+                    self.loads.in_flight(r.name),
+                    self.config.weights,
+                )
+            )
+        return out
+
+    def decide(
+        self,
+        key: RequestKey | None,
+        request_id: str,
+        exclude: Iterable[str] = (),
+        attempt: int = 0,
+    ) -> Decision | None:
+        """Chooses a healthy replica and books the request there at once; None if none."""
+        skip = set(exclude)
+        pool = [r for r in self.healthy() if r.name not in skip]
+        if not pool:
+            return None
+        cands = self.candidates(key, pool)
+        self._turn += 1
+        session = key.session if key else None
+        chosen, reason = choose(self.config.policy, cands, self.config.guard, self._turn, session)
+        replica = self.replicas[chosen.replica]
+        hashes = key.hashes(replica.block_size) if key else ()
+        booking = self.loads.book(request_id, replica.name, hashes, chosen.new_prefill)
+        if hashes:
+            ttl = (
+                self.config.confirm_ttl_s
+                if self.event_state(replica.name) == "synced"
+                else self.config.approx_ttl_s
+            )
+            self.approx.record(replica.name, hashes, ttl)
+        decision = Decision(replica, reason, booking, chosen, tuple(cands), attempt)
+        m = self.metrics
+        m.decisions.labels(self.config.policy, replica.name, reason).inc()
+        m.hit_blocks.labels(replica.name).inc(chosen.hit_blocks)
+        m.prompt_blocks.inc(len(hashes))
+        if reason == "imbalance_guard":
+            m.guard_triggers.inc()
+        if decision_log.isEnabledFor(logging.DEBUG):
+            decision_log.debug(decision.log_line(request_id, self.config.policy))
+        return decision
+
+    def first_token(self, decision: Decision) -> None:
+        self.loads.first_token(decision.booking)
+
+    def finish(self, decision: Decision) -> None:
+        self.loads.finish(decision.booking)
+
+    # ------------------------------------------------------------ introspection
+
+    def snapshot(self) -> dict:
+        now = time.monotonic()
+        return {
+            "policy": self.config.policy,
+            "replicas": [
+                {
+                    "name": r.name,
+                    "url": r.url,
+                    "healthy": r.healthy,
+                    "last_error": r.last_error,
+                    "block_size": r.block_size,
+                    "pid": r.pid,
+                    "events": self.event_state(r.name),
+                    "event_stats": vars(self.subscribers[r.name].stats)
+                    if r.name in self.subscribers
+                    else None,
+                    "index_blocks": self.index.sizes_by_medium(r.name),
+                    "approx_blocks": self.approx.size(r.name, now),
+                    "in_flight": self.loads.in_flight(r.name),
+                    "pending_prefill_blocks": round(self.loads.pending_prefill(r.name, now), 2),
+                    "active_blocks": self.loads.active_blocks(r.name),
+                }
+                for r in self.replicas.values()
+            ],
+        }
+
+    def _collect(self, m: RouterMetrics) -> None:
+        now = time.monotonic()
+        for r in self.replicas.values():
+            m.healthy.labels(r.name).set(1 if r.healthy else 0)
+            m.in_flight.labels(r.name).set(self.loads.in_flight(r.name))
+            m.pending_prefill.labels(r.name).set(self.loads.pending_prefill(r.name, now))
+            for medium, n in self.index.sizes_by_medium(r.name).items():
+                m.index_blocks.labels(r.name, medium).set(n)
+            m.events_synced.labels(r.name).set(1 if self.event_state(r.name) == "synced" else 0)
+            sub = self.subscribers.get(r.name)
+            if sub is not None:
+                m.add_delta(m.event_batches, r.name, "batches", sub.stats.batches)
+                m.add_delta(m.event_gaps, r.name, "gaps", sub.stats.gaps)
+                m.add_delta(m.event_resyncs, r.name, "resyncs", sub.stats.resyncs)
