@@ -86,3 +86,15 @@ def test_write_report(tmp_path, results):
         assert png.read_bytes()[:4] == b"\x89PNG" and png.name in html
     assert "tokenmill / llama-server" in html
     assert "tokenmill / llama-server" in (tmp_path / "console.txt").read_text()
+
+
+def test_runs_on_a_busy_machine_are_flagged(tmp_path, results):
+    from dataclasses import replace
+
+    busy = [replace(results[0], background_cpu=1.2), *results[1:]]
+    console = Console(file=open(tmp_path / "console.txt", "w"), width=200)  # noqa: SIM115
+    write_report(tmp_path, busy, [], [], [], RunOptions(), console, plots=False)
+    assert "1.20 CPU cores" in (tmp_path / "console.txt").read_text()
+    assert "numbers not clean" in (tmp_path / "report.html").read_text()
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["runs"][0]["background_cpu_cores"] == 1.2

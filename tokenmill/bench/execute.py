@@ -10,6 +10,7 @@ from rich.console import Console
 
 from tokenmill.bench.client import Prepared, send
 from tokenmill.bench.config import SLO, LoadSpec, Target
+from tokenmill.bench.contention import CpuProbe
 from tokenmill.bench.metrics import summarize
 from tokenmill.bench.progress import progress_bar
 from tokenmill.bench.record import RequestRecord
@@ -110,6 +111,7 @@ async def run_once(
         return await send(client, target, model, req, t0)
 
     label = f"{target.name} {workload.name} {load.label}"
+    probe = CpuProbe().start()
     with progress_bar(label, workload.num_requests, console, options.progress) as on_done:
         records = await run_load(
             workload,
@@ -121,6 +123,7 @@ async def run_once(
             turn_delay_s=options.turn_delay_s,
             on_done=on_done,
         )
+    background = probe.cores()
     records.sort(key=lambda r: (r.start_s, r.session_id, r.turn))
     return RunResult(
         target.name,
@@ -129,4 +132,5 @@ async def run_once(
         summarize(records, options.slo),
         tuple(records),
         stage,
+        background,
     )

@@ -17,6 +17,7 @@ class RunResult:
     summary: RunSummary
     records: tuple[RequestRecord, ...]
     stage: str = ""  # sweep stage (synchronous, throughput, rate) or ""
+    background_cpu: float | None = None  # cores used by other processes during the run
 
     @property
     def label(self) -> str:

@@ -36,6 +36,7 @@ def results_document(
                     "workload": r.workload,
                     "stage": r.stage,
                     "load": {**asdict(r.load), "label": r.load.label},
+                    "background_cpu_cores": getattr(r, "background_cpu", None),
                     "summary": asdict(r.summary),
                 }
                 for r in results

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.bench.report.rows import COLUMNS
-from tokenmill.bench.report.tables import table_rows
+from tokenmill.bench.report.tables import busy_runs, table_rows
 from tokenmill.bench.results import RunResult
 
 _CSS = """
@@ -38,6 +38,11 @@ def render_html(
         for r in results
         if r.summary.errors
     ]
+    errors += [
+        f"<li>{html.escape(r.label)}: other processes used {r.background_cpu:.2f} CPU cores "
+        "during the run (numbers not clean)</li>"
+        for r in busy_runs(results)
+    ]
     imgs = "".join(
         f'<img src="{html.escape(p.name)}" alt="{html.escape(k)}">' for k, p in plots.items()
     )
@@ -48,7 +53,7 @@ def render_html(
 <pre>{html.escape(json.dumps(meta, indent=2, default=str))}</pre>
 <h2>Results</h2>
 <table><tr>{head}</tr>{"".join(body)}</table>
-{"<h3>Errors</h3><ul>" + "".join(errors) + "</ul>" if errors else ""}
+{"<h3>Errors and warnings</h3><ul>" + "".join(errors) + "</ul>" if errors else ""}
 <p>TTFT to the first streamed token; TPOT = (E2E − TTFT)/(output tokens − 1); ITL per token
 gap; goodput = requests meeting every SLO per second; failed requests are excluded from
 latencies and counted in err. Ratio rows divide each target's value by the baseline's.</p>

@@ -56,6 +56,7 @@ def result_row(r: RunResult) -> dict[str, Any]:
         "workload": r.workload,
         "load": r.load.label,
         "stage": r.stage,
+        "background_cpu_cores": getattr(r, "background_cpu", None),
         **flat_summary(r.summary),
     }
 

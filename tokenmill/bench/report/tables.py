@@ -18,6 +18,7 @@ from tokenmill.bench.report.rows import (
 from tokenmill.bench.results import RunResult
 
 _HEADERS = dict((k, h) for k, h, _ in COLUMNS)
+BUSY_CORES = 0.25
 
 
 def _result_cells(r: RunResult) -> list[str]:
@@ -66,6 +67,16 @@ def print_table(
     for r in results:
         if r.summary.errors:
             console.print(f"[red]{r.label}: errors {r.summary.errors}")
+    for r in busy_runs(results):
+        console.print(
+            f"[yellow]{r.label}: other processes used {r.background_cpu:.2f} CPU cores "
+            "during the run; its numbers are not clean"
+        )
+
+
+def busy_runs(results: list[RunResult], threshold: float = BUSY_CORES) -> list[RunResult]:
+    """Runs during which other processes used more than `threshold` cores."""
+    return [r for r in results if (getattr(r, "background_cpu", None) or 0.0) > threshold]
 
 
 def markdown_table(results: list[RunResult], baseline: str | None = None) -> str:
