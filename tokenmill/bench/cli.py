@@ -72,6 +72,10 @@ def add_bench_parser(sub) -> None:
     ld.add_argument("--sweep-rates", type=int, default=4, help="sweep: rates in between")
     ld.add_argument("--sweep-kind", choices=["constant", "poisson"], default="constant")
     ld.add_argument("--warmup", type=int, default=1, help="short requests before measuring")
+    ld.add_argument(
+        "--wait-idle", type=float, default=0.0, metavar="S",
+        help="before each run wait up to S seconds until other processes use < 0.25 cores",
+    )  # fmt: skip
     ld.add_argument("--seed", type=int, default=0)
     w = p.add_argument_group("workload")
     w.add_argument(
@@ -190,6 +194,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         max_duration_s=args.max_duration,
         turn_delay_s=args.turn_delay,
         progress=not args.no_progress,
+        wait_idle_s=args.wait_idle,
     )
     results, workloads, skipped = asyncio.run(
         run_session(sources, plan, options, console, out_dir / "logs", args.prompt_source)

@@ -77,3 +77,25 @@ class CpuProbe:
         # descendants that exited during the run are lost from the tree; the servers don't
         own = _tree_busy_s(os.getpid()) - self.own0
         return max(0.0, (machine - self.machine0 - own) / elapsed)
+
+
+async def wait_until_idle(
+    timeout_s: float, threshold: float = 0.25, window_s: float = 3.0, log=None
+) -> float | None:
+    """Waits until other processes use under `threshold` cores over a `window_s` window,
+    for at most `timeout_s`. Returns the last measurement (None where /proc is missing)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    waited = False
+    while True:
+        probe = CpuProbe().start()
+        await asyncio.sleep(window_s)
+        cores = probe.cores()
+        if cores is None or cores < threshold or time.monotonic() >= deadline:
+            if waited and log:
+                log(f"background CPU {cores:.2f} cores; going on" if cores is not None else "")
+            return cores
+        if not waited and log:
+            log(f"waiting for other processes to go idle ({cores:.2f} cores busy) ...")
+        waited = True

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from tokenmill.bench.client import Prepared, send
 from tokenmill.bench.config import SLO, LoadSpec, Target
-from tokenmill.bench.contention import CpuProbe
+from tokenmill.bench.contention import CpuProbe, wait_until_idle
 from tokenmill.bench.metrics import summarize
 from tokenmill.bench.progress import progress_bar
 from tokenmill.bench.record import RequestRecord
@@ -28,6 +28,7 @@ class RunOptions:
     max_duration_s: float | None = None
     turn_delay_s: float = 0.0
     progress: bool = True
+    wait_idle_s: float = 0.0  # before each run, wait up to this for an idle machine
 
 
 def http_client() -> httpx.AsyncClient:
@@ -111,6 +112,8 @@ async def run_once(
         return await send(client, target, model, req, t0)
 
     label = f"{target.name} {workload.name} {load.label}"
+    if options.wait_idle_s > 0:
+        await wait_until_idle(options.wait_idle_s, log=console.print if console else None)
     probe = CpuProbe().start()
     with progress_bar(label, workload.num_requests, console, options.progress) as on_done:
         records = await run_load(
