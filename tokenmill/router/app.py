@@ -45,7 +45,10 @@ def parse_json(body: bytes) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def build_router_app(router: Router, hasher: PromptHasher) -> FastAPI:
+def build_router_app(
+    router: Router, hasher: PromptHasher, transport: httpx.AsyncBaseTransport | None = None
+) -> FastAPI:
+    """`transport` replaces the network to the replicas (tests)."""
     config = router.config
     admission = Admission(config.max_in_flight, config.max_queue, config.queue_timeout_s)
     holder: dict[str, Any] = {}
@@ -59,7 +62,7 @@ def build_router_app(router: Router, hasher: PromptHasher) -> FastAPI:
         timeout = httpx.Timeout(
             connect=config.connect_timeout_s, read=config.read_timeout_s, write=30.0, pool=None
         )
-        client = httpx.AsyncClient(limits=limits, timeout=timeout)
+        client = httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport)
         holder["client"] = client
         holder["proxy"] = Proxy(router, client)
         router.start_events()

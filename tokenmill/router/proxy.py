@@ -38,9 +38,14 @@ def forward_headers(headers: dict[str, str], request_id: str) -> dict[str, str]:
     return out
 
 
-def return_headers(resp: httpx.Response, request_id: str) -> dict[str, str]:
+def return_headers(
+    resp: httpx.Response, request_id: str, replica: str | None = None
+) -> dict[str, str]:
     out = {k: v for k, v in resp.headers.items() if k.lower() in _RETURN_HEADERS}
-    out["x-request-id"] = request_id
+    if request_id:
+        out["x-request-id"] = request_id
+    if replica:
+        out["x-tokenmill-replica"] = replica  # which replica served it (debugging, tests)
     return out
 
 
@@ -137,7 +142,7 @@ class Proxy:
                     await resp.aclose()
                 self.router.finish(decision)
                 self._count(name, resp.status_code, content)
-                out = Response(content, resp.status_code, return_headers(resp, request_id))
+                out = Response(content, resp.status_code, return_headers(resp, request_id, name))
                 if retriable:
                     self.metrics.retries.labels(str(resp.status_code)).inc()
                     last = out
@@ -208,5 +213,8 @@ class Proxy:
                 await cleanup()
 
         return UpstreamStream(
-            pump(), cleanup, status_code=resp.status_code, headers=return_headers(resp, request_id)
+            pump(),
+            cleanup,
+            status_code=resp.status_code,
+            headers=return_headers(resp, request_id, name),
         )

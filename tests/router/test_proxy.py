@@ -1,0 +1,225 @@
+"""The router's HTTP layer against fake replicas (httpx MockTransport): retry before the
+first token, clean mid-stream errors, pass-through of client errors, the bounded queue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from tokenmill.router.app import build_router_app
+from tokenmill.router.config import RouterConfig
+from tokenmill.router.prompts import PromptHasher
+from tokenmill.router.replicas import ReplicaSpec
+from tokenmill.router.router import Router
+
+pytestmark = pytest.mark.anyio  # anyio's pytest plugin runs the async tests
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+GOOD, BAD = "127.0.0.1:9101", "127.0.0.1:9102"
+BODY = {"model": "m", "prompt": list(range(1, 100)), "max_tokens": 4}
+OK_JSON = {"choices": [{"text": "hi"}], "usage": {"prompt_tokens": 99, "completion_tokens": 4,
+           "total_tokens": 103, "prompt_tokens_details": {"cached_tokens": 96}}}  # fmt: skip
+
+
+class Chunks(httpx.AsyncByteStream):
+    def __init__(self, chunks: list[bytes], fail: Exception | None = None) -> None:
+        self.chunks, self.fail = chunks, fail
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for c in self.chunks:
+            yield c
+        if self.fail is not None:
+            raise self.fail
+
+
+def sse_ok() -> list[bytes]:
+    return [b'data: {"choices": [{"text": "a"}]}\n\n', b"data: [DONE]\n\n"]
+
+
+Handler = Callable[[str, httpx.Request], object]
+
+
+@contextlib.asynccontextmanager
+async def routed(handler: Handler, **config) -> AsyncIterator[tuple[httpx.AsyncClient, Router]]:
+    async def transport(request: httpx.Request) -> httpx.Response:
+        name = f"{request.url.host}:{request.url.port}"
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/server_info":
+            return httpx.Response(200, json={"engine": {"block_size": 16, "pid": 1}})
+        out = handler(name, request)
+        return await out if asyncio.iscoroutine(out) else out
+
+    specs = [ReplicaSpec.parse(GOOD), ReplicaSpec.parse(BAD)]
+    router = Router(RouterConfig(**{"health_interval_s": 60, **config}), specs)
+    app = build_router_app(router, PromptHasher(None, None), httpx.MockTransport(transport))
+    async with app.router.lifespan_context(app):
+        for _ in range(100):
+            if len(router.healthy()) == 2:
+                break
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app), base_url="http://router"
+        ) as client:
+            yield client, router
+
+
+def metric(router: Router, line: str) -> bool:
+    return line in router.metrics.render().decode()
+
+
+async def test_connect_error_retries_on_the_other_replica():
+    def handler(name, request):
+        if name == BAD:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json=OK_JSON)
+
+    async with routed(handler) as (client, router):
+        for _ in range(4):  # whichever replica is tried first
+            r = await client.post("/v1/completions", json=BODY)
+            assert r.status_code == 200 and r.headers["x-tokenmill-replica"] == GOOD
+        assert not router.replicas[BAD].healthy  # taken out at the first refusal
+        assert metric(router, 'tokenmill:router_cached_tokens_total{replica="127.0.0.1:9101"}')
+
+
+async def test_503_before_first_token_retries_once():
+    calls = []
+
+    def handler(name, request):
+        calls.append(name)
+        return httpx.Response(503, json={"error": {"message": "engine_dead"}})
+
+    async with routed(handler) as (client, router):
+        r = await client.post("/v1/completions", json={**BODY, "stream": True})
+        assert r.status_code == 503 and len(calls) == 2 and set(calls) == {GOOD, BAD}
+        assert metric(router, 'tokenmill:router_retries_total{reason="503"} 1.0')
+
+
+async def test_client_errors_pass_through_without_retry():
+    calls = []
+
+    def handler(name, request):
+        calls.append(name)
+        return httpx.Response(400, json={"error": {"message": "bad", "param": "x"}})
+
+    async with routed(handler) as (client, _):
+        r = await client.post(
+            "/v1/chat/completions",
+            content=b"{not json",
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "x" and len(calls) == 1
+
+
+async def test_mid_stream_failure_ends_with_error_event_and_done():
+    def handler(name, request):
+        fail = httpx.RemoteProtocolError("peer closed connection")
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                              stream=Chunks([b'data: {"choices": [{"text": "a"}]}\n\ndata: {"cho'], fail))  # fmt: skip
+
+    async with routed(handler) as (client, router):
+        r = await client.post("/v1/completions", json={**BODY, "stream": True})
+        assert r.status_code == 200
+        events = [e for e in r.text.split("\n\n") if e.strip()]
+        assert events[-1] == "data: [DONE]"
+        err = json.loads(events[-2].removeprefix("data: "))
+        assert err["error"]["code"] == "replica_failed"
+        assert len(router.healthy()) == 1  # that replica is out
+        assert router.loads.total_in_flight() == 0
+
+
+async def test_stream_closed_without_done_is_an_error():
+    def handler(name, request):
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                              stream=Chunks([b'data: {"choices": []}\n\n']))  # fmt: skip
+
+    async with routed(handler) as (client, router):
+        r = await client.post("/v1/completions", json={**BODY, "stream": True})
+        assert "closed the stream before it finished" in r.text and r.text.endswith(
+            "data: [DONE]\n\n"
+        )
+        assert metric(router, "tokenmill:router_stream_errors_total")
+
+
+async def test_good_stream_passes_through_unchanged():
+    def handler(name, request):
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=Chunks(sse_ok())
+        )
+
+    async with routed(handler) as (client, router):
+        r = await client.post(
+            "/v1/completions", json={**BODY, "stream": True}, headers={"x-request-id": "abc"}
+        )
+        assert r.content == b"".join(sse_ok()) and r.headers["x-request-id"] == "abc"
+        assert router.loads.total_in_flight() == 0
+
+
+async def test_non_streamed_failure_while_generating_retries():
+    def handler(name, request):
+        if name == BAD:
+            return httpx.Response(200, stream=Chunks([b'{"choi'], httpx.ReadError("reset")))
+        return httpx.Response(200, json=OK_JSON)
+
+    async with routed(handler) as (client, _):
+        for _ in range(3):
+            r = await client.post("/v1/completions", json=BODY)
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == "hi"
+
+
+async def test_all_replicas_down_is_503():
+    def handler(name, request):
+        raise httpx.ConnectError("refused", request=request)
+
+    async with routed(handler) as (client, router):
+        r = await client.post("/v1/completions", json=BODY)
+        assert r.status_code == 502 and r.json()["error"]["code"] == "replica_failed"
+        r = await client.post("/v1/completions", json=BODY)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
+        assert (await client.get("/health")).status_code == 503
+
+
+async def test_router_queue_is_bounded():
+    release = asyncio.Event()
+
+    async def handler(name, request):
+        await release.wait()
+        return httpx.Response(200, json=OK_JSON)
+
+    async with routed(handler, max_in_flight=1, max_queue=1, queue_timeout_s=5) as (client, router):
+        first = asyncio.create_task(client.post("/v1/completions", json=BODY))
+        await asyncio.sleep(0.1)
+        second = asyncio.create_task(client.post("/v1/completions", json=BODY))  # waits
+        await asyncio.sleep(0.1)
+        third = await client.post("/v1/completions", json=BODY)
+        assert third.status_code == 503 and third.json()["error"]["code"] == "server_busy"
+        assert third.headers["retry-after"] == "1"
+        release.set()
+        assert (await first).status_code == 200 and (await second).status_code == 200
+        assert metric(router, 'tokenmill:router_rejected_total{reason="queue_full"} 1.0')
+
+
+async def test_passthrough_endpoints_and_info():
+    def handler(name, request):
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "m"}]})
+        return httpx.Response(200, json={"tokens": [1, 2]})
+
+    async with routed(handler) as (client, _):
+        assert (await client.get("/v1/models")).json()["data"][0]["id"] == "m"
+        assert (await client.post("/tokenize", json={"prompt": "x"})).json()["tokens"] == [1, 2]
+        assert (await client.get("/health")).status_code == 200
+        info = (await client.get("/router_info")).json()
+        assert {r["name"] for r in info["replicas"]} == {GOOD, BAD}
+        text = (await client.get("/metrics")).text
+        assert "tokenmill:router_replica_healthy" in text
