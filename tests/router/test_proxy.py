@@ -50,10 +50,17 @@ Handler = Callable[[str, httpx.Request], object]
 
 
 @contextlib.asynccontextmanager
-async def routed(handler: Handler, **config) -> AsyncIterator[tuple[httpx.AsyncClient, Router]]:
+async def routed(
+    handler: Handler, dead: set[str] | None = None, **config
+) -> AsyncIterator[tuple[httpx.AsyncClient, Router]]:
+    """The router app in front of fake replicas; names in `dead` refuse health checks."""
+    dead = dead if dead is not None else set()
+
     async def transport(request: httpx.Request) -> httpx.Response:
         name = f"{request.url.host}:{request.url.port}"
         if request.url.path == "/health":
+            if name in dead:
+                raise httpx.ConnectError("refused", request=request)
             return httpx.Response(200)
         if request.url.path == "/server_info":
             return httpx.Response(200, json={"engine": {"block_size": 16, "pid": 1}})
@@ -122,20 +129,27 @@ async def test_client_errors_pass_through_without_retry():
 
 
 async def test_mid_stream_failure_ends_with_error_event_and_done():
+    dead: set[str] = set()
+
     def handler(name, request):
+        dead.add(name)  # the process is gone: its health check will be refused
         fail = httpx.RemoteProtocolError("peer closed connection")
         return httpx.Response(200, headers={"content-type": "text/event-stream"},
                               stream=Chunks([b'data: {"choices": [{"text": "a"}]}\n\ndata: {"cho'], fail))  # fmt: skip
 
-    async with routed(handler) as (client, router):
+    async with routed(handler, dead) as (client, router):
         r = await client.post("/v1/completions", json={**BODY, "stream": True})
         assert r.status_code == 200
         events = [e for e in r.text.split("\n\n") if e.strip()]
         assert events[-1] == "data: [DONE]"
         err = json.loads(events[-2].removeprefix("data: "))
         assert err["error"]["code"] == "replica_failed"
-        assert len(router.healthy()) == 1  # that replica is out
-        assert router.loads.total_in_flight() == 0
+        for _ in range(100):  # the failure triggered a health check, which takes it out
+            if len(router.healthy()) == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert [r.name for r in router.healthy()] != list(dead)
+        assert len(router.healthy()) == 1 and router.loads.total_in_flight() == 0
 
 
 async def test_stream_closed_without_done_is_an_error():
@@ -223,3 +237,17 @@ async def test_passthrough_endpoints_and_info():
         assert {r["name"] for r in info["replicas"]} == {GOOD, BAD}
         text = (await client.get("/metrics")).text
         assert "tokenmill:router_replica_healthy" in text
+
+
+async def test_a_reset_alone_does_not_take_a_healthy_replica_out():
+    def handler(name, request):
+        if name == BAD:  # e.g. a keep-alive connection the replica was closing
+            raise httpx.RemoteProtocolError("Server disconnected", request=request)
+        return httpx.Response(200, json=OK_JSON)
+
+    async with routed(handler) as (client, router):
+        for _ in range(2):
+            r = await client.post("/v1/completions", json=BODY)
+            assert r.status_code == 200 and r.headers["x-tokenmill-replica"] == GOOD
+        await asyncio.sleep(0.1)  # the triggered health check passes
+        assert len(router.healthy()) == 2

@@ -15,8 +15,15 @@ def busy(message: str, code: str = "server_busy") -> APIError:
 class Ticket:
     """One admitted request; `release` is idempotent."""
 
-    def __init__(self, admission: Admission) -> None:
-        self._admission: Admission | None = admission
+    def __init__(self, admission: Admission | None) -> None:
+        self._admission = admission
+
+    def hand_over(self) -> Ticket:
+        """A ticket that now owns the slot (e.g. a stream outliving its handler); this one
+        becomes a no-op."""
+        out = Ticket(self._admission)
+        self._admission = None
+        return out
 
     def release(self) -> None:
         if self._admission is not None:

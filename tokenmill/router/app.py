@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 import tokenmill
 from tokenmill.router.admission import Admission
-from tokenmill.router.health import health_loop
+from tokenmill.router.health import check_replica, health_loop
 from tokenmill.router.prompts import PromptHasher, RequestKey
 from tokenmill.router.proxy import Proxy, return_headers
 from tokenmill.router.router import Router
@@ -56,15 +56,28 @@ def build_router_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # keep-alive shorter than the replicas' (uvicorn: 5 s), so a reused connection is
+        # never one the replica is closing
         limits = httpx.Limits(
-            max_connections=config.max_in_flight + 64, max_keepalive_connections=64
+            max_connections=config.max_in_flight + 64,
+            max_keepalive_connections=64,
+            keepalive_expiry=2.0,
         )
         timeout = httpx.Timeout(
             connect=config.connect_timeout_s, read=config.read_timeout_s, write=30.0, pool=None
         )
         client = httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport)
         holder["client"] = client
-        holder["proxy"] = Proxy(router, client)
+        checks: set[asyncio.Task] = set()
+
+        def suspect(name: str) -> None:
+            task = asyncio.get_running_loop().create_task(
+                check_replica(router, client, router.replicas[name], timeout_s=2.0)
+            )
+            checks.add(task)
+            task.add_done_callback(checks.discard)
+
+        holder["proxy"] = Proxy(router, client, suspect)
         router.start_events()
         task = asyncio.create_task(health_loop(router, client))
         try:

@@ -70,16 +70,29 @@ class UpstreamStream(StreamingResponse):
 
 
 class Proxy:
-    def __init__(self, router: Router, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        router: Router,
+        client: httpx.AsyncClient,
+        suspect: Callable[[str], None] | None = None,
+    ) -> None:
         self.router = router
         self.client = client
         self.metrics = router.metrics
+        self.suspect = suspect  # asks for a health check of a replica now
+
+    def _failed(self, name: str, e: Exception) -> None:
+        """A refused connection means the replica is gone; a reset may also be a stale
+        keep-alive connection, so that only triggers an immediate health check."""
+        if isinstance(e, httpx.ConnectError):
+            self.router.mark_down(name, f"{type(e).__name__}: {e}")
+        elif self.suspect is not None and isinstance(e, httpx.TransportError):
+            self.suspect(name)
 
     def _transport_failure(self, decision: Decision, e: Exception) -> None:
         name = decision.replica.name
         self.router.finish(decision)
-        if isinstance(e, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
-            self.router.mark_down(name, f"{type(e).__name__}: {e}")
+        self._failed(name, e)
         self.metrics.requests.labels(name, "transport_error").inc()
 
     async def forward(
@@ -125,9 +138,7 @@ class Proxy:
                 if stream and resp.status_code == 200:
                     self.router.first_token(decision)
                     self.metrics.ttft.observe(time.perf_counter() - t0)
-                    handoff = ticket
-                    ticket = Ticket(None)  # type: ignore[arg-type]  # the stream releases it
-                    return self._stream(resp, decision, request_id, handoff)
+                    return self._stream(resp, decision, request_id, ticket.hand_over())
                 try:
                     content = await resp.aread()
                 except httpx.HTTPError as e:  # died while generating; nothing sent yet
@@ -197,8 +208,7 @@ class Proxy:
                     problem = "the replica closed the stream before it finished"
             except httpx.HTTPError as e:
                 problem = f"the replica failed mid-stream: {type(e).__name__}"
-                if isinstance(e, httpx.RemoteProtocolError | httpx.ReadError):
-                    self.router.mark_down(name, problem)
+                self._failed(name, e)
             try:
                 if problem is None:
                     self.metrics.requests.labels(name, "200").inc()
