@@ -73,6 +73,10 @@ def add_bench_parser(sub) -> None:
     ld.add_argument("--sweep-kind", choices=["constant", "poisson"], default="constant")
     ld.add_argument("--warmup", type=int, default=1, help="short requests before measuring")
     ld.add_argument(
+        "--retry-busy", type=int, default=0, metavar="N",
+        help="rerun a run (fresh prompts) when other processes used CPU during it, up to N times",
+    )  # fmt: skip
+    ld.add_argument(
         "--wait-idle", type=float, default=0.0, metavar="S",
         help="before each run wait up to S seconds until other processes use < 0.25 cores",
     )  # fmt: skip
@@ -195,6 +199,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         turn_delay_s=args.turn_delay,
         progress=not args.no_progress,
         wait_idle_s=args.wait_idle,
+        retry_busy=args.retry_busy,
     )
     results, workloads, skipped = asyncio.run(
         run_session(sources, plan, options, console, out_dir / "logs", args.prompt_source)

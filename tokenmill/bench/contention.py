@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+BUSY_CORES = 0.25  # a run with more background CPU than this is not clean
 
 
 def _machine_busy_s() -> float | None:
@@ -80,7 +81,7 @@ class CpuProbe:
 
 
 async def wait_until_idle(
-    timeout_s: float, threshold: float = 0.25, window_s: float = 3.0, log=None
+    timeout_s: float, threshold: float = BUSY_CORES, window_s: float = 3.0, log=None
 ) -> float | None:
     """Waits until other processes use under `threshold` cores over a `window_s` window,
     for at most `timeout_s`. Returns the last measurement (None where /proc is missing)."""

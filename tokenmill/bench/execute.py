@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 
 import httpx
 from rich.console import Console
 
 from tokenmill.bench.client import Prepared, send
 from tokenmill.bench.config import SLO, LoadSpec, Target
-from tokenmill.bench.contention import CpuProbe, wait_until_idle
+from tokenmill.bench.contention import BUSY_CORES, CpuProbe, wait_until_idle
 from tokenmill.bench.metrics import summarize
 from tokenmill.bench.progress import progress_bar
 from tokenmill.bench.record import RequestRecord
@@ -29,6 +30,7 @@ class RunOptions:
     turn_delay_s: float = 0.0
     progress: bool = True
     wait_idle_s: float = 0.0  # before each run, wait up to this for an idle machine
+    retry_busy: int = 0  # rerun (fresh prompts) a run with background CPU, up to N times
 
 
 def http_client() -> httpx.AsyncClient:
@@ -78,8 +80,14 @@ async def run_target(
     options: RunOptions,
     console: Console | None = None,
     stage: str = "",
+    rebuild: Callable[[int, int], Awaitable[Workload]] | None = None,
 ) -> list[RunResult]:
-    """Runs each (workload, load) against the target, one after the other."""
+    """Runs each (workload, load) against the target, one after the other.
+
+    With `options.retry_busy` and `rebuild(run index, attempt)`, a run during which other
+    processes used CPU is repeated on a fresh workload (fresh prompts, so no prefix-cache
+    hits from the first attempt); the attempt with the least background CPU is kept.
+    """
     results = []
     async with http_client() as client:
         model = await resolve_model(client, target)
@@ -91,10 +99,24 @@ async def run_target(
             ]
             if failed and console:
                 console.print(f"[yellow]{target.name}: warmup failed: {failed[0].error}")
-        for workload, load in runs:
-            results.append(
-                await run_once(client, target, model, workload, load, options, console, stage)
-            )
+        for i, (workload, load) in enumerate(runs):
+            result = await run_once(client, target, model, workload, load, options, console, stage)
+            for attempt in range(1, options.retry_busy + 1 if rebuild else 1):
+                busy = result.background_cpu or 0.0
+                if busy <= BUSY_CORES or rebuild is None:
+                    break
+                if console:
+                    console.print(
+                        f"[yellow]{target.name} {load.label}: {busy:.2f} background cores; "
+                        f"rerunning on fresh prompts ({attempt}/{options.retry_busy})"
+                    )
+                again = await run_once(
+                    client, target, model, await rebuild(i, attempt), load, options, console, stage
+                )
+                again = replace(again, attempt=attempt)
+                if (again.background_cpu or 0.0) <= busy:
+                    result = again
+            results.append(result)
     return results
 
 

@@ -18,6 +18,7 @@ class RunResult:
     records: tuple[RequestRecord, ...]
     stage: str = ""  # sweep stage (synchronous, throughput, rate) or ""
     background_cpu: float | None = None  # cores used by other processes during the run
+    attempt: int = 0  # > 0: rerun with fresh prompts after a busy attempt
 
     @property
     def label(self) -> str:

@@ -52,6 +52,19 @@ async def build_workloads(
         ]
 
 
+def rebuilder(plan: Plan, base_url: str, prompt_source: str, seed: int):
+    """Fresh prompts for run i's attempt n (same workload spec, another seed)."""
+
+    async def rebuild(i: int, attempt: int) -> Workload:
+        async with http_client() as client:
+            maker = await prompt_maker(client, base_url, prompt_source)
+            return await build_workload(
+                plan.workloads[i], maker, seed + 1009 * i + 100_003 * attempt
+            )
+
+    return rebuild
+
+
 async def run_session(
     sources: list[Source],
     plan: Plan,
@@ -84,8 +97,9 @@ async def run_session(
                         )  # fmt: skip
                 else:
                     results += await run_target(
-                        target, list(zip(workloads, plan.loads, strict=True)), options, console
-                    )
+                        target, list(zip(workloads, plan.loads, strict=True)), options, console,
+                        rebuild=rebuilder(plan, target.base_url, prompt_source, options.seed),
+                    )  # fmt: skip
         except RuntimeError as e:  # a peer that doesn't start is skipped, not fatal
             note = f"{source.target.name}: {str(e).splitlines()[0]}"
             console.print(f"[red]skipped {note}")

@@ -37,6 +37,7 @@ def results_document(
                     "stage": r.stage,
                     "load": {**asdict(r.load), "label": r.load.label},
                     "background_cpu_cores": getattr(r, "background_cpu", None),
+                    "attempt": getattr(r, "attempt", 0),
                     "summary": asdict(r.summary),
                 }
                 for r in results
