@@ -115,8 +115,11 @@ def test_burst_of_four_prefixes_spreads_over_both_replicas(cluster):
         where[f"burst-{i % 4}"][r.headers["x-tokenmill-replica"]] += 1
     per_replica = Counter(r.headers["x-tokenmill-replica"] for r in responses)
     assert len(per_replica) == 2, where  # not all on one replica
-    for counts in where.values():  # and each prefix computed on one replica only
-        assert len(counts) == 1, where
+    # Each prefix is computed on one replica, except where the cost model chose to recompute
+    # it rather than queue behind a replica with a cold prefill more booked (a margin of one
+    # prompt): at most 2 of the 4 prefixes on both. least_load places every prefix on both.
+    placements = sum(len(counts) for counts in where.values())
+    assert placements <= 6, where
 
 
 def test_event_gap_recovery_on_a_real_stream(cluster):

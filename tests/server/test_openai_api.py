@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import re
+import uuid
 
 import httpx
 from openai.types import Completion
@@ -29,7 +30,14 @@ def test_chat_completion_parses_strictly(server, client):
     r = post(
         server,
         "/v1/chat/completions",
-        {"model": MODEL, "messages": MESSAGES, "temperature": 0, "max_tokens": 32},
+        # A fresh salt: earlier tests on this shared server may have cached the prompt.
+        {
+            "model": MODEL,
+            "messages": MESSAGES,
+            "temperature": 0,
+            "max_tokens": 32,
+            "cache_salt": uuid.uuid4().hex,
+        },
     )
     assert r.status_code == 200 and r.headers["x-request-id"]
     parsed = ChatCompletion.model_validate(r.json(), strict=True)
