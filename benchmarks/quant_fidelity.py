@@ -1,9 +1,10 @@
-"""Fidelity of int8 (W8A8) against float32 on the same model, reported the way
+"""Fidelity of int8 (W8A8) and bfloat16 against float32 on the same model, reported the way
 llama.cpp's `llama-perplexity --kl-divergence` does: mean KL divergence, how often the top
 token agrees ("same top"), RMS of the probability difference of the reference top token, and
 perplexity of both.
 
     python benchmarks/quant_fidelity.py [--model PATH] [--tokens 2048] [--ctx 512]
+        [--variants int8,bfloat16]
 """
 
 from __future__ import annotations
@@ -55,13 +56,17 @@ def kl_stats(
     }
 
 
+VARIANTS = {
+    "int8": ("int8 (W8A8, per-channel weights, per-row activations)", {"quantization": "int8"}),
+    "bfloat16": ("bfloat16 (bf16 weights and GEMM inputs, fp32 rest)", {"dtype": "bfloat16"}),
+}
+
+
 def measure(
-    model: str | None, num_tokens: int, ctx: int, quantization: str = "int8"
+    model: str | None, num_tokens: int, ctx: int, variant: str = "int8"
 ) -> dict[str, float]:
     ref = EngineCore(build_engine_config(model, kv_cache_memory_gib=0.25))
-    test = EngineCore(
-        build_engine_config(model, kv_cache_memory_gib=0.25, quantization=quantization)
-    )
+    test = EngineCore(build_engine_config(model, kv_cache_memory_gib=0.25, **VARIANTS[variant][1]))
     ids = ref.tokenizer.encode(evaluation_text())[:num_tokens]
     ref_all, test_all, targets = [], [], []
     for start in range(0, len(ids) - 1, ctx):
@@ -79,13 +84,13 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--variants", default="int8,bfloat16")
     args = ap.parse_args()
-    stats = measure(args.model, args.tokens, args.ctx)
-    print(
-        f"int8 (W8A8, per-channel weights, per-row activations) vs float32 over {args.tokens} tokens:"
-    )
-    for key, value in stats.items():
-        print(f"  {key:14s} {value:.5f}")
+    for variant in args.variants.split(","):
+        stats = measure(args.model, args.tokens, args.ctx, variant)
+        print(f"{VARIANTS[variant][0]} vs float32 over {args.tokens} tokens:")
+        for key, value in stats.items():
+            print(f"  {key:14s} {value:.5f}")
 
 
 if __name__ == "__main__":

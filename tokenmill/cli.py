@@ -18,6 +18,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="GGUF file or HF folder (default: embedded SmolLM2-135M-Instruct)",
     )
     g.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="linear layers' dtype (bfloat16: bf16 GEMMs, fp32 accumulation and the rest)",
+    )
+    g.add_argument(
         "--quantization", choices=["int8"], default=None, help="weight quantization at load time"
     )
     g.add_argument(
@@ -67,6 +73,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return dict(
+        dtype=args.dtype,
         quantization=args.quantization,
         max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory,

@@ -15,6 +15,8 @@ class ModelConfig:
     """Which model to load and how to run its weights."""
 
     model: str | None = None  # None: the embedded SmolLM2-135M-Instruct
+    # Linear layers in float32 (matches transformers to ~1e-5) or bfloat16 (bf16 weights and
+    # GEMM inputs, fp32 accumulation; norms, attention and KV cache stay float32).
     dtype: str = "float32"
     # Weight quantization applied at load time: None (as stored, dequantized to `dtype`)
     # or "int8" (weight-only per-channel int8 with per-row dynamic activation quantization).
@@ -23,7 +25,7 @@ class ModelConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype: unsupported value {self.dtype!r}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization: unsupported value {self.quantization!r}")

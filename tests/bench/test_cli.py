@@ -70,13 +70,23 @@ def test_compare_sources(monkeypatch, tmp_path):
     fake = tmp_path / "llama-server"
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
-    args = parse("--compare", "--int8", "--concurrency", "1,32", "--llama-server-bin", str(fake))
+    args = parse(
+        "--compare", "--int8", "--bf16", "--concurrency", "1,32", "--llama-server-bin", str(fake),
+        "--variant", "tm-small=--max-num-batched-tokens 256", "--llama-model", "f16=/m/f16.gguf",
+    )  # fmt: skip
     sources, baseline = build_sources(args, build_plan(args))
-    assert [s.target.name for s in sources] == ["tokenmill", "tokenmill-int8", "llama-server"]
+    assert [s.target.name for s in sources] == [
+        "tokenmill", "tm-small", "tokenmill-bf16", "tokenmill-int8", "llama-server", "f16"
+    ]  # fmt: skip
     assert baseline == "llama-server"
-    assert sources[1].server is not None and "int8" in sources[1].server.argv
-    llama = sources[2].server.command(1234)
+    assert "256" in sources[1].server.argv and "bfloat16" in sources[2].server.argv
+    assert sources[3].server is not None and "int8" in sources[3].server.argv
+    llama = sources[4].server.command(1234)
     assert llama[llama.index("-np") + 1] == "32" and "-kvu" in llama and "1234" in llama
+    f16 = sources[5].server.command(1234)
+    assert f16[f16.index("-m") + 1] == "/m/f16.gguf" and f16[f16.index("-np") + 1] == "32"
+    with pytest.raises(ValueError, match="--variant"):
+        build_sources(parse("--compare", "--variant", "noflags"), build_plan(parse()))
     assert "--max-num-seqs" in sources[0].server.argv
     monkeypatch.setattr(compare, "find_llama_server", lambda: None)
     sources, baseline = build_sources(parse("--compare"), build_plan(parse()))

@@ -50,12 +50,21 @@ def add_bench_parser(sub) -> None:
     c.add_argument("--model", default=None, help="GGUF file for both (default: embedded model)")
     c.add_argument("--tokenmill-args", default="--max-num-seqs 64", help="extra serve flags")
     c.add_argument("--int8", action="store_true", help="add a tokenmill --quantization int8 row")
+    c.add_argument("--bf16", action="store_true", help="add a tokenmill --dtype bfloat16 row")
+    c.add_argument(
+        "--variant", action="append", default=[], metavar="NAME=FLAGS",
+        help="add a tokenmill row started with these extra serve flags (repeatable)",
+    )  # fmt: skip
     c.add_argument("--no-llama-server", action="store_true", help="compare without llama-server")
     c.add_argument("--llama-server-bin", default=None, help="llama-server binary")
     c.add_argument("--llama-threads", type=int, default=2)
     c.add_argument("--llama-ctx", type=int, default=16384, help="total KV context (raised to fit)")
     c.add_argument("--llama-slots", type=int, default=None, help="-np (default: max concurrency)")
     c.add_argument("--llama-args", default="", help="extra llama-server flags")
+    c.add_argument(
+        "--llama-model", action="append", default=[], metavar="NAME=GGUF",
+        help="add a llama-server row on another file, e.g. an F16 GGUF (repeatable)",
+    )  # fmt: skip
     c.add_argument("--baseline", default=None, help="target the ratios divide by")
     ld = p.add_argument_group("load")
     ld.add_argument(

@@ -1,6 +1,7 @@
-"""`--compare`: tokenmill (and optionally its int8 variant) and llama-server on one file.
+"""`--compare`: tokenmill (and optionally variants of it: int8, bfloat16, any serve flags) and
+llama-server on one file (and optionally llama-server on other files, e.g. an F16 GGUF).
 
-Peers started here run one at a time on the same model file; llama-server gets
+Peers started here run one at a time; llama-server gets
 `-t THREADS -c CTX -np SLOTS -kvu` (one KV pool shared by the slots) with CTX raised to
 fit SLOTS requests of the workload's largest size.
 """
@@ -43,14 +44,14 @@ def compare_sources(
             tokenmill_spec("tokenmill", model, args.tokenmill_args),
         )
     ]
+    variants = list(args.variant)
+    if args.bf16:
+        variants.append("tokenmill-bf16=--dtype bfloat16")
     if args.int8:
-        extra = f"{args.tokenmill_args} --quantization int8"
-        sources.append(
-            Source(
-                Target("tokenmill-int8", "", **common),
-                tokenmill_spec("tokenmill-int8", model, extra),
-            )
-        )
+        variants.append("tokenmill-int8=--quantization int8")
+    for name, flags in (split_named(v, "--variant") for v in variants):
+        extra = f"{args.tokenmill_args} {flags}"
+        sources.append(Source(Target(name, "", **common), tokenmill_spec(name, model, extra)))
     if args.no_llama_server:
         return sources, None
     binary = find_llama_server() if args.llama_server_bin is None else None
@@ -66,4 +67,15 @@ def compare_sources(
     ctx = llama_ctx(args.llama_ctx, slots, per_request)
     spec = llama_server_spec(binary, model, slots, args.llama_threads, ctx, args.llama_args)
     sources.append(Source(Target("llama-server", "", **common), spec))
+    for name, path in (split_named(m, "--llama-model") for m in args.llama_model):
+        spec = llama_server_spec(binary, path, slots, args.llama_threads, ctx, args.llama_args)
+        sources.append(Source(Target(name, "", **common), spec))
     return sources, "llama-server"
+
+
+def split_named(value: str, flag: str) -> tuple[str, str]:
+    """NAME=VALUE from a repeatable flag."""
+    name, sep, rest = value.partition("=")
+    if not sep or not name.strip() or not rest.strip():
+        raise ValueError(f"{flag}: expected NAME=VALUE, got {value!r}")
+    return name.strip(), rest.strip()

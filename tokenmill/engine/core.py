@@ -65,7 +65,7 @@ class EngineCore:
             arch,
             files.weights,
             max_positions=model_len,
-            method=get_linear_method(config.model_config.quantization),
+            method=get_linear_method(config.model_config.quantization, config.model_config.dtype),
             rope_freq_factors=files.rope_freq_factors,
         )
         files.weights.clear()
@@ -122,6 +122,7 @@ class EngineCore:
                         str(files.path),
                         files.arch,
                         self.config.model_config.quantization,
+                        self.config.model_config.dtype,
                         cache.block_size,
                         kv_dtype,
                     )

@@ -1,4 +1,5 @@
-"""How linear layers run: the float method (fp32 GEMM) or the int8 method (W8A8).
+"""How linear layers run: the float method (fp32 GEMM), the bfloat16 method (bf16 weights
+and GEMM inputs, fp32 accumulation and everything else) or the int8 method (W8A8).
 
 A method owns the linear layers and the activation steps that feed them (RMSNorm, SiLU*up,
 quantization), so the int8 method can fuse "normalize then quantize" into one pass. Every
@@ -34,6 +35,22 @@ class FloatLinear:
         if residual is not None:
             return torch.addmm(residual, x, self.weight_t)
         return x @ self.weight_t
+
+
+class BFloat16Linear:
+    """bf16 weights ([in, out]) and inputs, fp32 accumulation (oneDNN, AMX where the CPU has
+    it), fp32 out: half the weight bytes of fp32 and several times its GEMM throughput at
+    batch sizes of 8 and more on AMX CPUs. Bias and residual are added in fp32."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight_t = weight.float().t().contiguous().to(torch.bfloat16)
+        self.bias = bias.float().contiguous() if bias is not None else None
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        y = (x.to(torch.bfloat16) @ self.weight_t).float()
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y if residual is None else residual.add_(y)
 
 
 class Int8Linear:
@@ -95,6 +112,15 @@ class FloatMethod:
         return F.silu(gate_up[:, :half]) * gate_up[:, half:]
 
 
+class BFloat16Method(FloatMethod):
+    """Linear layers in bf16; norms, activations, attention and the KV cache stay fp32."""
+
+    name = "bfloat16"
+
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> BFloat16Linear:
+        return BFloat16Linear(weight, bias)
+
+
 class Int8Method(FloatMethod):
     name = "int8"
 
@@ -120,9 +146,14 @@ def _quantize_rows_torch(x: torch.Tensor) -> QuantizedActivation:
     return torch.round(x / scale).to(torch.int8), scale
 
 
-def get_linear_method(quantization: str | None) -> FloatMethod:
+def get_linear_method(quantization: str | None, dtype: str = "float32") -> FloatMethod:
+    """int8 quantization wins over dtype (its activations are quantized from fp32)."""
     if quantization == "int8":
         return Int8Method()
-    if quantization is None:
+    if quantization is not None:
+        raise ValueError(f"quantization: unsupported value {quantization!r}")
+    if dtype == "bfloat16":
+        return BFloat16Method()
+    if dtype == "float32":
         return FloatMethod()
-    raise ValueError(f"quantization: unsupported value {quantization!r}")
+    raise ValueError(f"dtype: unsupported value {dtype!r}")
