@@ -5,7 +5,13 @@ import math
 import torch
 
 from tokenmill.sampling.penalties import apply_penalties
-from tokenmill.sampling.sampler import Sampler, apply_min_p, apply_top_k_top_p, gather_logprobs
+from tokenmill.sampling.sampler import (
+    Sampler,
+    apply_min_p,
+    apply_top_k_top_p,
+    gather_logprobs,
+    inverse_cdf_sample,
+)
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.request import Request
 
@@ -78,6 +84,21 @@ def test_sampling_follows_distribution():
     tokens = Sampler()(logits, meta_for(reqs)).sampled_token_ids
     freq = torch.bincount(tokens, minlength=3).float() / 4000
     assert torch.allclose(freq, probs, atol=0.03)
+
+
+def test_inverse_cdf_never_draws_a_masked_token():
+    """Masked tokens (top-k, grammars) have probability 0 and are never drawn, whatever the
+    uniform: here the masks sit at both ends and between the live tokens."""
+    torch.manual_seed(1)
+    probs = torch.zeros(20000, 8)
+    probs[:, [1, 3, 6]] = torch.tensor([0.5, 0.3, 0.2])
+    tokens = inverse_cdf_sample(probs)
+    assert set(tokens.tolist()) == {1, 3, 6}
+    freq = torch.bincount(tokens, minlength=8).float()[[1, 3, 6]] / 20000
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2]), atol=0.02)
+    one_hot = torch.zeros(5, 4)
+    one_hot[:, 3] = 1.0
+    assert inverse_cdf_sample(one_hot).tolist() == [3] * 5
 
 
 def test_min_tokens_blocks_stop_tokens():

@@ -37,17 +37,42 @@ class FloatLinear:
         return x @ self.weight_t
 
 
-class BFloat16Linear:
-    """bf16 weights ([in, out]) and inputs, fp32 accumulation (oneDNN, AMX where the CPU has
-    it), fp32 out: half the weight bytes of fp32 and several times its GEMM throughput at
-    batch sizes of 8 and more on AMX CPUs. Bias and residual are added in fp32."""
+# Batch size oneDNN packs bf16 weights for; any batch size runs on the packed weight.
+_BF16_PACK_BATCH_HINT = 32
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight_t = weight.float().t().contiguous().to(torch.bfloat16)
+
+def packed_bf16_available() -> bool:
+    """oneDNN can pack bf16 weights and run bf16 GEMMs natively (AVX512-BF16 / AMX)."""
+    try:
+        return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class BFloat16Linear:
+    """bf16 weights and inputs, fp32 accumulation, fp32 out; bias and residual added in fp32.
+
+    Where oneDNN runs bf16 natively the weight is packed once into its blocked layout (as
+    torch's inductor freezing does), which spares the per-call reorder: on an AMX CPU this is
+    ~4x the fp32 GEMM throughput at batch 32 and faster than fp32 at batch 1. Elsewhere it
+    is a plain bf16 matmul. Not batch-invariant: oneDNN picks kernels by batch size."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> None:
+        w = weight.float().to(torch.bfloat16).contiguous()  # [out, in]
+        self.packed = packed
+        if packed:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(w, _BF16_PACK_BATCH_HINT)
+        else:
+            self.weight = w.t().contiguous()  # [in, out]
         self.bias = bias.float().contiguous() if bias is not None else None
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        y = (x.to(torch.bfloat16) @ self.weight_t).float()
+        xb = x.to(torch.bfloat16)
+        if self.packed:
+            y = torch.ops.mkldnn._linear_pointwise(xb, self.weight, None, "none", [], "")
+        else:
+            y = xb @ self.weight
+        y = y.float()
         if self.bias is not None:
             y.add_(self.bias)
         return y if residual is None else residual.add_(y)
@@ -117,8 +142,12 @@ class BFloat16Method(FloatMethod):
 
     name = "bfloat16"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.packed = packed_bf16_available()
+
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> BFloat16Linear:
-        return BFloat16Linear(weight, bias)
+        return BFloat16Linear(weight, bias, self.packed)
 
 
 class Int8Method(FloatMethod):
