@@ -10,6 +10,7 @@ same run.
 
 Systems
     tokenmill fp32      LLM() with its defaults (float32 weights, dequantized from the GGUF)
+    tokenmill bf16      LLM(dtype="bfloat16") (bf16 linear layers)
     tokenmill int8      LLM(quantization="int8") (W8A8)
     HF fp32             transformers AutoModelForCausalLM.from_pretrained(dir, gguf_file=...,
                         dtype=float32), generate() greedy, KV cache on, batched with left padding
@@ -21,7 +22,8 @@ Numbers (tokens per second; sizes shown are the defaults, --quick shrinks them)
     prefill 512         one 512-token prompt. tokenmill/HF: 512 / time of a request with
                         max_tokens=1 (prefill plus one sampled token), median of 3 runs.
                         llama.cpp: llama-bench pp512 (mean of 5).
-    decode              single-stream decode, 1 request, 128 output tokens, EOS ignored.
+    decode              single-stream decode, 1 request, 128 output tokens, EOS ignored
+                        (tokenmill: min_tokens = max_tokens, so no loop cut-off either).
                         tokenmill/HF: prompt of 16 tokens, tokens after the first / time from
                         the first output token to the last (decode only, no prefill), median of
                         3 runs. llama.cpp: llama-bench tg128 (mean of 5).
@@ -309,7 +311,7 @@ def measure_limits(threads: int, sizes: Sizes, model_path: Path) -> Limits:
         gemm_gflops=gemm,
         n_params=n_params,
         l3_cache=l3_cache_size(),
-        bytes_per_token={"fp32": 4.0 * n_params, "int8": 1.0 * n_params},
+        bytes_per_token={"fp32": 4.0 * n_params, "bf16": 2.0 * n_params, "int8": 1.0 * n_params},
     )
 
 
@@ -317,12 +319,18 @@ def measure_limits(threads: int, sizes: Sizes, model_path: Path) -> Limits:
 
 
 def bench_tokenmill(
-    name: str, quantization: str | None, sizes: Sizes, work: Workload, threads: int
+    name: str,
+    quantization: str | None,
+    sizes: Sizes,
+    work: Workload,
+    threads: int,
+    dtype: str = "float32",
 ) -> Result:
     from tokenmill import LLM, SamplingParams
 
     result = Result(name)
     llm = LLM(
+        dtype=dtype,
         quantization=quantization,
         max_num_seqs=max(sizes.batch, 4),
         kv_cache_memory_gib=1.0,
@@ -331,7 +339,7 @@ def bench_tokenmill(
     eng = llm.engine
 
     def params(n: int) -> SamplingParams:
-        return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        return SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True)
 
     llm.generate([{"prompt_token_ids": p} for p in work.warmup], params(8))
 
@@ -624,7 +632,8 @@ def limit_lines(limits: Limits, results: Sequence[Result]) -> list[str]:
         f"fp32 GEMM peak: {limits.gemm_gflops:,.0f} GFLOP/s (torch.mm 2048x2048)",
     ]
     decode = {r.system: r.decode_tps for r in results if r.error is None}
-    for precision, system in (("fp32", "tokenmill fp32"), ("int8", "tokenmill int8")):
+    systems = (("fp32", "tokenmill fp32"), ("bf16", "tokenmill bf16"), ("int8", "tokenmill int8"))
+    for precision, system in systems:
         ceiling = limits.ceiling(precision)
         line = (
             f"ideal single-stream decode, {precision} weights "
@@ -720,6 +729,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs += llama_cpp_jobs(variants, sizes, threads)
     jobs += [
         ("tokenmill fp32", lambda: bench_tokenmill("tokenmill fp32", None, sizes, work, threads)),
+        (
+            "tokenmill bf16",
+            lambda: bench_tokenmill("tokenmill bf16", None, sizes, work, threads, "bfloat16"),
+        ),
         ("tokenmill int8", lambda: bench_tokenmill("tokenmill int8", "int8", sizes, work, threads)),
     ]
     if not args.skip_hf:

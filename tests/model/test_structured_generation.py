@@ -106,3 +106,9 @@ def test_greedy_loop_is_cut_well_before_max_tokens(embedded_llm):
     assert cut.finish_reason == "stop" and cut.stop_reason == "repetition"
     assert len(cut.token_ids) <= 64
     assert embedded_llm.engine.core.scheduler.num_repetition_cutoffs >= 1
+    # min_tokens holds the cut back as it holds back EOS, then the loop is cut at once
+    held = embedded_llm.generate(
+        prompt, SamplingParams(temperature=0, max_tokens=400, min_tokens=100)
+    )
+    assert held[0].outputs[0].stop_reason == "repetition"
+    assert len(held[0].outputs[0].token_ids) == 100

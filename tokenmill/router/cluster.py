@@ -31,6 +31,7 @@ class ReplicaProcess:
     proc: subprocess.Popen
     spec: ReplicaSpec
     log_path: Path
+    terminating: bool = False
 
     def log_tail(self, n: int = 3000) -> str:
         try:
@@ -38,9 +39,16 @@ class ReplicaProcess:
         except OSError:
             return ""
 
+    def terminate(self) -> None:
+        """One SIGTERM: a second one can land while the replica's interpreter is already
+        exiting, where the default action kills it (exit -15) instead of a clean 0."""
+        if self.proc.poll() is None and not self.terminating:
+            self.proc.send_signal(signal.SIGTERM)
+            self.terminating = True
+
     def stop(self, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 return self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -119,7 +127,6 @@ def start_cluster(
 
 
 def stop_cluster(replicas: list[ReplicaProcess]) -> list[int]:
-    for r in replicas:
-        if r.proc.poll() is None:
-            r.proc.send_signal(signal.SIGTERM)
+    for r in replicas:  # all drain at once
+        r.terminate()
     return [r.stop() for r in replicas]

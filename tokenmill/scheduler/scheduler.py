@@ -229,8 +229,11 @@ class Scheduler:
             request.stop_reason = None if token in request.eos_token_ids else token
         elif grammar_done:  # the constrained output is complete
             request.status = RequestStatus.FINISHED_STOPPED
-        elif request.repetition is not None and (
-            period := request.repetition.update(request.output_token_ids)
+        elif (
+            request.repetition is not None
+            and (period := request.repetition.update(request.output_token_ids))
+            # like a stop token, a cut waits for min_tokens (benchmarks ask for exact lengths)
+            and (request.grammar is not None or num_out >= request.sampling_params.min_tokens)
         ):
             if request.grammar is not None and (
                 request.loop_breaks < _MAX_LOOP_BREAKS or not request.closing
