@@ -89,6 +89,16 @@ class Proxy:
         elif self.suspect is not None and isinstance(e, httpx.TransportError):
             self.suspect(name)
 
+    def _failed_attempt(self, decision: Decision, name: str, e: httpx.HTTPError) -> Response:
+        """A replica failed before anything reached the client: counted as a retry; the 502
+        it would answer if no attempt is left."""
+        self._transport_failure(decision, e)
+        self.metrics.retries.labels(type(e).__name__).inc()
+        return APIError(
+            502, f"replica {name} failed: {type(e).__name__}", "server_error", None,
+            "replica_failed",
+        ).response()  # fmt: skip
+
     def _transport_failure(self, decision: Decision, e: Exception) -> None:
         name = decision.replica.name
         self.router.finish(decision)
@@ -127,12 +137,7 @@ class Proxy:
                 try:
                     resp = await self.client.send(req, stream=True)
                 except httpx.HTTPError as e:
-                    self._transport_failure(decision, e)
-                    self.metrics.retries.labels(type(e).__name__).inc()
-                    last = APIError(
-                        502, f"replica {name} failed: {type(e).__name__}", "server_error",
-                        None, "replica_failed",
-                    ).response()  # fmt: skip
+                    last = self._failed_attempt(decision, name, e)
                     continue
                 retriable = resp.status_code in RETRY_STATUS and attempt + 1 < attempts
                 if stream and resp.status_code == 200:
@@ -142,12 +147,7 @@ class Proxy:
                 try:
                     content = await resp.aread()
                 except httpx.HTTPError as e:  # died while generating; nothing sent yet
-                    self._transport_failure(decision, e)
-                    self.metrics.retries.labels(type(e).__name__).inc()
-                    last = APIError(
-                        502, f"replica {name} failed: {type(e).__name__}", "server_error",
-                        None, "replica_failed",
-                    ).response()  # fmt: skip
+                    last = self._failed_attempt(decision, name, e)
                     continue
                 finally:
                     await resp.aclose()
