@@ -15,8 +15,8 @@ import pydoc
 
 import torch
 
+from tokenmill.engine.arg_utils import build_engine_config
 from tokenmill.engine.core import EngineCore
-from tokenmill.engine.llm import build_engine_config
 from tokenmill.engine.scoring import sequence_logits
 
 

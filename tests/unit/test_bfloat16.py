@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tokenmill.engine.arg_utils import build_engine_config
 from tokenmill.engine.core import EngineCore
-from tokenmill.engine.llm import build_engine_config
 from tokenmill.engine.scoring import sequence_logits
 from tokenmill.model.linear import BFloat16Linear, BFloat16Method, packed_bf16_available
 

@@ -81,7 +81,7 @@ def test_rope_matches_torch_rotary():
 
 @pytest.mark.parametrize("window", [None, 20])
 def test_paged_attention_decode_matches_sdpa(window):
-    from tokenmill.worker.attention import AttentionMetadata, CPUPagedBackend, TorchSDPABackend
+    from tokenmill.model.attention import AttentionMetadata, CPUPagedBackend, TorchSDPABackend
 
     nh, nkv, hd, bs = 9, 3, 64, 16
     torch.manual_seed(0)

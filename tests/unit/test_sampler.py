@@ -4,6 +4,7 @@ import math
 
 import torch
 
+from tokenmill.request import Request
 from tokenmill.sampling.penalties import apply_penalties
 from tokenmill.sampling.sampler import (
     Sampler,
@@ -13,7 +14,6 @@ from tokenmill.sampling.sampler import (
     inverse_cdf_sample,
 )
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.request import Request
 
 
 def make_request(i: int = 0, prompt=(1, 2, 3), **kw) -> Request:

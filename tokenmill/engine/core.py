@@ -23,7 +23,7 @@ from tokenmill.model.linear import get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.loader import ModelFiles, load_model_files
 from tokenmill.sampling_params import RepetitionDetection
-from tokenmill.scheduler.request import Request, RequestStatus
+from tokenmill.request import Request, RequestStatus
 from tokenmill.scheduler.scheduler import Scheduler
 from tokenmill.structured.closing import token_starts
 from tokenmill.structured.grammar import GrammarCompiler

@@ -5,67 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tokenmill.config import (
-    CacheConfig,
-    EngineConfig,
-    GiB,
-    ModelConfig,
-    SchedulerConfig,
-    default_num_threads,
-)
+from tokenmill.engine.arg_utils import build_engine_config
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.engine.processor import PromptType
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
 Conversation = list[dict[str, Any]]
-
-
-def build_engine_config(
-    model: str | None = None,
-    *,
-    dtype: str = "float32",
-    quantization: str | None = None,
-    max_model_len: int | None = None,
-    seed: int = 0,
-    block_size: int = 16,
-    kv_cache_memory_gib: float = 2.0,
-    num_kv_blocks: int | None = None,
-    max_num_seqs: int = 128,
-    max_num_batched_tokens: int = 2048,
-    enable_chunked_prefill: bool = True,
-    scheduling_policy: str = "fcfs",
-    max_waiting_requests: int | None = None,
-    num_threads: int | None = None,
-    enable_prefix_caching: bool = True,
-    kv_offload_memory_gib: float = 0.0,
-    kv_offload_disk_gib: float = 0.0,
-    kv_offload_path: str | None = None,
-    kv_events_endpoint: str | None = None,
-    kv_events_replay_endpoint: str | None = None,
-) -> EngineConfig:
-    return EngineConfig(
-        model_config=ModelConfig(model, dtype, quantization, max_model_len, seed),
-        cache_config=CacheConfig(
-            block_size,
-            int(kv_cache_memory_gib * GiB),
-            num_kv_blocks,
-            enable_prefix_caching,
-            int(kv_offload_memory_gib * GiB),
-            int(kv_offload_disk_gib * GiB),
-            kv_offload_path,
-            kv_events_endpoint,
-            kv_events_replay_endpoint,
-        ),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs,
-            max_num_batched_tokens,
-            enable_chunked_prefill,
-            scheduling_policy,
-            max_waiting_requests,
-        ),
-        num_threads=num_threads or default_num_threads(),
-    )
 
 
 class LLM:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from tokenmill.engine.core import EngineCore
+from tokenmill.request import Request
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.request import Request
 from tokenmill.scheduler.scheduler import ScheduledRequest
 from tokenmill.worker.input_batch import build_model_input
 

@@ -12,7 +12,7 @@ import torch
 from tokenmill.kv.block_pool import BlockPool, KVCacheBlock
 from tokenmill.kv.hashing import BlockHash, block_hashes
 from tokenmill.kv.offload import MEDIUM_DEVICE, TieredStore
-from tokenmill.scheduler.request import Request
+from tokenmill.request import Request
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import torch
 
 from tokenmill.kernels import ops
 from tokenmill.model.arch_config import ArchConfig
+from tokenmill.model.attention import AttentionBackend, AttentionMetadata
 from tokenmill.model.linear import FloatMethod
 from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
-from tokenmill.worker.attention import AttentionBackend, AttentionMetadata
 
 
 class LlamaLayer:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenmill.scheduler.request import Request
+from tokenmill.request import Request
 
 
 @dataclass

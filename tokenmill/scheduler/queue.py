@@ -7,7 +7,7 @@ import itertools
 from collections import deque
 from collections.abc import Iterator
 
-from tokenmill.scheduler.request import Request
+from tokenmill.request import Request
 
 
 class FCFSQueue:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from tokenmill.config import SchedulerConfig
 from tokenmill.engine.core_types import EngineCoreOutput, PositionLogprobs, SchedulerStats
 from tokenmill.kv.manager import KVCacheManager
+from tokenmill.request import Request, RequestStatus
 from tokenmill.scheduler.queue import make_queue
-from tokenmill.scheduler.request import Request, RequestStatus
 
 logger = logging.getLogger(__name__)
 

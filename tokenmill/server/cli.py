@@ -8,7 +8,7 @@ import logging
 import signal
 from contextlib import asynccontextmanager
 
-from tokenmill.engine.llm import build_engine_config
+from tokenmill.engine.arg_utils import build_engine_config
 
 logger = logging.getLogger("tokenmill.server")
 
@@ -37,7 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
     from fastapi import FastAPI
 
-    from tokenmill.cli import engine_kwargs
+    from tokenmill.engine.arg_utils import engine_kwargs
     from tokenmill.engine.async_llm import AsyncLLM
     from tokenmill.server.api import build_app
     from tokenmill.server.metrics import ServerMetrics

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tokenmill.model.attention import AttentionMetadata, ChunkAttention
 from tokenmill.scheduler.scheduler import ScheduledRequest
-from tokenmill.worker.attention import AttentionMetadata, ChunkAttention
 
 
 @dataclass

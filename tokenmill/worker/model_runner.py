@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from tokenmill.engine.core_types import PositionLogprobs
+from tokenmill.model.attention import AttentionBackend, get_attention_backend
 from tokenmill.model.llama import LlamaForCausalLM
+from tokenmill.request import Request
 from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.sampler import LogprobsTensors, Sampler, gather_logprobs
-from tokenmill.scheduler.request import Request
 from tokenmill.scheduler.scheduler import ModelRunnerOutput, SchedulerOutput
-from tokenmill.worker.attention import AttentionBackend, get_attention_backend
 from tokenmill.worker.input_batch import build_model_input
 
 # Prompt-logprob rows are turned into log-softmax in slices of this many positions.

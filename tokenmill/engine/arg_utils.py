@@ -1,0 +1,145 @@
+"""Engine arguments in one place: the command-line flags every engine-running command shares
+(`serve`, `generate`, `chat`, `cluster`) and the frozen EngineConfig they build."""
+
+from __future__ import annotations
+
+import argparse
+
+from tokenmill.config import (
+    CacheConfig,
+    EngineConfig,
+    GiB,
+    ModelConfig,
+    SchedulerConfig,
+    default_num_threads,
+)
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="GGUF file or HF folder (default: embedded SmolLM2-135M-Instruct)",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="linear layers' dtype (bfloat16: bf16 GEMMs, fp32 accumulation and the rest)",
+    )
+    g.add_argument(
+        "--quantization", choices=["int8"], default=None, help="weight quantization at load time"
+    )
+    g.add_argument(
+        "--max-model-len", type=int, default=None, help="context length (default: the model's)"
+    )
+    g.add_argument(
+        "--kv-cache-memory", type=float, default=2.0, metavar="GIB", help="KV cache budget in GiB"
+    )
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    g.add_argument("--no-chunked-prefill", action="store_true", help="schedule whole prompts only")
+    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    g.add_argument(
+        "--num-threads", type=int, default=None, help="torch threads (default: all cores)"
+    )
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument(
+        "--kv-offload-memory",
+        type=float,
+        default=0.0,
+        metavar="GIB",
+        help="host-memory tier for evicted KV blocks",
+    )
+    g.add_argument(
+        "--kv-offload-disk",
+        type=float,
+        default=0.0,
+        metavar="GIB",
+        help="disk tier for evicted KV blocks",
+    )
+    g.add_argument(
+        "--kv-offload-path",
+        default=None,
+        help="disk tier directory (default ~/.cache/tokenmill/kv)",
+    )
+    g.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        help="ZMQ PUB endpoint for KV events, e.g. tcp://*:5557",
+    )
+    g.add_argument(
+        "--kv-events-replay-endpoint", default=None, help="ZMQ ROUTER endpoint for event replay"
+    )
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return dict(
+        dtype=args.dtype,
+        quantization=args.quantization,
+        max_model_len=args.max_model_len,
+        kv_cache_memory_gib=args.kv_cache_memory,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        scheduling_policy=args.scheduling_policy,
+        num_threads=args.num_threads,
+        seed=args.seed,
+        enable_prefix_caching=not args.no_prefix_caching,
+        kv_offload_memory_gib=args.kv_offload_memory,
+        kv_offload_disk_gib=args.kv_offload_disk,
+        kv_offload_path=args.kv_offload_path,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
+    )
+
+
+def build_engine_config(
+    model: str | None = None,
+    *,
+    dtype: str = "float32",
+    quantization: str | None = None,
+    max_model_len: int | None = None,
+    seed: int = 0,
+    block_size: int = 16,
+    kv_cache_memory_gib: float = 2.0,
+    num_kv_blocks: int | None = None,
+    max_num_seqs: int = 128,
+    max_num_batched_tokens: int = 2048,
+    enable_chunked_prefill: bool = True,
+    scheduling_policy: str = "fcfs",
+    max_waiting_requests: int | None = None,
+    num_threads: int | None = None,
+    enable_prefix_caching: bool = True,
+    kv_offload_memory_gib: float = 0.0,
+    kv_offload_disk_gib: float = 0.0,
+    kv_offload_path: str | None = None,
+    kv_events_endpoint: str | None = None,
+    kv_events_replay_endpoint: str | None = None,
+) -> EngineConfig:
+    return EngineConfig(
+        model_config=ModelConfig(model, dtype, quantization, max_model_len, seed),
+        cache_config=CacheConfig(
+            block_size,
+            int(kv_cache_memory_gib * GiB),
+            num_kv_blocks,
+            enable_prefix_caching,
+            int(kv_offload_memory_gib * GiB),
+            int(kv_offload_disk_gib * GiB),
+            kv_offload_path,
+            kv_events_endpoint,
+            kv_events_replay_endpoint,
+        ),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs,
+            max_num_batched_tokens,
+            enable_chunked_prefill,
+            scheduling_policy,
+            max_waiting_requests,
+        ),
+        num_threads=num_threads or default_num_threads(),
+    )
