@@ -22,8 +22,8 @@ from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
 from tokenmill.model.linear import get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.loader import ModelFiles, load_model_files
-from tokenmill.sampling_params import RepetitionDetection
 from tokenmill.request import Request, RequestStatus
+from tokenmill.sampling_params import RepetitionDetection
 from tokenmill.scheduler.scheduler import Scheduler
 from tokenmill.structured.closing import token_starts
 from tokenmill.structured.grammar import GrammarCompiler
@@ -127,13 +127,17 @@ class EngineCore:
                         kv_dtype,
                     )
                 ).encode()
-            ).hexdigest()[:16]
+            ).hexdigest()
             path = cache.offload_disk_path or os.path.join(
                 os.environ.get("TOKENMILL_CACHE") or os.path.expanduser("~/.cache/tokenmill"), "kv"
             )
             block_shape = tuple(self.runner.read_block(0).shape)
             disk = DiskTier(
-                os.path.join(path, fingerprint), cache.offload_disk_bytes, block_shape, kv_dtype
+                os.path.join(path, fingerprint[:16]),
+                cache.offload_disk_bytes,
+                block_shape,
+                kv_dtype,
+                fingerprint=fingerprint,
             )
         return TieredStore(host, disk, listener=self.events.tier_listener)
 

@@ -3,8 +3,10 @@ host-memory pool, and from there to disk, instead of being dropped. A later pref
 lower tier loads the block back rather than recomputing it.
 
 Tiers are inclusive (a loaded block keeps its lower copy) and each is LRU with a byte cap.
-Disk files are written atomically (temp file + rename), carry a sha256 of their payload, and
-a file that fails the check (truncated, corrupted) is deleted and treated as a miss.
+Disk files (owner-only, written atomically: temp file + rename) are a header (magic
+"TMKV2\0", the block hash, a layout id = sha256 of model fingerprint + block shape + dtype,
+the payload length), sha256(header + payload), then the payload. A file that fails any check
+(size, header naming another block/model/layout, digest) is deleted and treated as a miss.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
+import math
 import os
+import stat
 import struct
 import time
 from collections import OrderedDict, deque
@@ -116,12 +120,45 @@ class HostTier:
         return hashes
 
 
-_MAGIC = b"TMKV1\0"
-_HEADER = struct.Struct("<6sQ32s")  # magic, payload length, sha256(payload)
+_MAGIC = b"TMKV2\0"
+# magic, block hash (16 bytes), layout id, payload length; sha256(header + payload) follows
+_HEADER = struct.Struct("<6s16s32sQ")
+_DIGEST_SIZE = 32
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class CorruptBlock(ValueError):
+    """A block file that must not be loaded."""
+
+
+def _private_dir(path: Path) -> None:
+    """Creates `path` with mode exactly 0700 (mkdir's mode is cut by the umask; an earlier
+    version left 0755), unless someone else owns it."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != 0o700:
+        path.chmod(0o700)
+
+
+def _remove(path: Path) -> None:
+    """Deletes a block or temp file; one that can't be deleted (e.g. a directory in its place)
+    is only logged: the tier forgets it all the same."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        logger.warning("could not delete %s: %s", path, e)
+
+
+def _create_private(path: str, flags: int) -> int:
+    """Opener for a temp file: owner-only, never an existing file or a planted symlink."""
+    return os.open(path, flags | os.O_EXCL, 0o600)
 
 
 class DiskTier:
-    """One file per block under `path` (named by the block hash), LRU, capped in bytes."""
+    """One file per block under `path` (named by the block hash), LRU, capped in bytes.
+
+    `fingerprint` names the model (weights, quantization, dtypes, block size): a file written
+    for another model or block layout, or for another block, fails the header check."""
 
     medium = MEDIUM_DISK
 
@@ -131,12 +168,18 @@ class DiskTier:
         capacity_bytes: int,
         block_shape: tuple[int, ...],
         dtype: torch.dtype,
+        fingerprint: str,
     ):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.path)
         self.capacity = capacity_bytes
         self.block_shape = block_shape
         self.dtype = dtype
+        self.layout_id = hashlib.sha256(
+            repr((fingerprint, tuple(block_shape), str(dtype))).encode()
+        ).digest()
+        self.block_bytes = math.prod(block_shape) * dtype.itemsize
+        self.file_size = _HEADER.size + _DIGEST_SIZE + self.block_bytes
         self.index: OrderedDict[BlockHash, int] = OrderedDict()  # hash -> file size
         self.used = 0
         self.stats = TierStats()
@@ -146,53 +189,91 @@ class DiskTier:
         return self.path / f"{h.hex()}.kv"
 
     def _adopt_existing(self) -> None:
-        """Blocks written by an earlier run of the same model stay usable (oldest first)."""
-        for f in sorted(self.path.glob("*.kv"), key=lambda p: p.stat().st_mtime):
+        """Blocks written by an earlier run of the same model stay usable (oldest first).
+        Only sizes are checked here (a stat each); contents are checked when loaded."""
+        found = []
+        for f in self.path.iterdir():
+            if f.suffix == ".tmp":
+                _remove(f)  # an interrupted write
+                continue
+            if f.suffix != ".kv":
+                continue
             try:
                 h = bytes.fromhex(f.stem)
-            except ValueError:
+                st = f.lstat()
+            except (ValueError, OSError):
                 continue
-            size = f.stat().st_size
-            self.index[h] = size
-            self.used += size
-        for tmp in self.path.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)  # an interrupted write
+            if stat.S_ISREG(st.st_mode) and st.st_size == self.file_size:
+                found.append((st.st_mtime, h))
+                continue
+            logger.warning("KV block file %s has the wrong size or type: deleted", f.name)
+            self.stats.corrupted += 1
+            _remove(f)
+        for _, h in sorted(found):
+            self.index[h] = self.file_size
+            self.used += self.file_size
         self._evict_to(self.capacity)
 
     def __contains__(self, h: BlockHash) -> bool:
         return h in self.index
 
+    def _header(self, h: BlockHash, payload_len: int) -> bytes:
+        return _HEADER.pack(_MAGIC, h, self.layout_id, payload_len)
+
+    def _header_problem(self, header: bytes, h: BlockHash) -> str:
+        """Why a header differs from the one block h's file must have (for the log)."""
+        magic, _, layout, length = _HEADER.unpack(header)
+        if magic != _MAGIC:
+            return "not a KV block file of this format"
+        if layout != self.layout_id:
+            return "written for another model or block layout"
+        if length != self.block_bytes:
+            return f"header says {length} payload bytes, expected {self.block_bytes}"
+        return f"it holds another block, not {h.hex()}"
+
+    def _load(self, h: BlockHash) -> torch.Tensor:
+        """The block's tensor; raises CorruptBlock (or OSError) for a file that doesn't check."""
+        fd = os.open(self._file(h), os.O_RDONLY | _O_NOFOLLOW)
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != self.file_size:
+                raise CorruptBlock(f"size {st.st_size}, expected {self.file_size}")
+            raw = f.read(self.file_size + 1)
+        if len(raw) != self.file_size:
+            raise CorruptBlock(f"read {len(raw)} bytes, expected {self.file_size}")
+        header = raw[: _HEADER.size]
+        if header != self._header(h, self.block_bytes):
+            raise CorruptBlock(self._header_problem(header, h))
+        payload = bytearray(raw[_HEADER.size + _DIGEST_SIZE :])
+        digest = hashlib.sha256(header)
+        digest.update(payload)
+        if digest.digest() != raw[_HEADER.size : _HEADER.size + _DIGEST_SIZE]:
+            raise CorruptBlock("checksum mismatch")
+        return torch.frombuffer(payload, dtype=self.dtype).view(self.block_shape)
+
     def get(self, h: BlockHash) -> torch.Tensor | None:
+        """The block, or None (a miss). A file that fails a check is deleted and counted in
+        `stats.corrupted`; nothing about a file's contents can raise out of here."""
         if h not in self.index:
             self.stats.misses += 1
             return None
         t0 = time.perf_counter()
         try:
-            raw = self._file(h).read_bytes()
-        except OSError:
+            data = self._load(h)
+        except FileNotFoundError:
             self._drop(h)
             self.stats.misses += 1
             return None
-        payload = raw[_HEADER.size :]
-        ok = len(raw) >= _HEADER.size
-        if ok:
-            magic, length, digest = _HEADER.unpack_from(raw)
-            ok = (
-                magic == _MAGIC
-                and length == len(payload)
-                and hashlib.sha256(payload).digest() == digest
-            )
-        if not ok:
+        except Exception as e:  # whatever is wrong with a file costs a recompute, not the engine
             logger.warning(
-                "KV block file %s failed its checksum: dropped, will recompute", self._file(h).name
+                "KV block file %s is unusable (%s): dropped, will recompute", self._file(h).name, e
             )
             self.stats.corrupted += 1
             self._drop(h)
             return None
         self.index.move_to_end(h)
-        data = torch.frombuffer(bytearray(payload), dtype=self.dtype).view(self.block_shape)
         self.stats.hits += 1
-        self.stats.bytes_loaded += len(payload)
+        self.stats.bytes_loaded += self.block_bytes
         self.stats.load_seconds.append(time.perf_counter() - t0)
         return data
 
@@ -203,15 +284,18 @@ class DiskTier:
             return []
         t0 = time.perf_counter()
         payload = data.contiguous().view(torch.uint8).numpy().tobytes()
-        size = _HEADER.size + len(payload)
+        header = self._header(h, len(payload))
+        size = len(header) + _DIGEST_SIZE + len(payload)
         if size > self.capacity:
             return []
         evicted = self._evict_to(self.capacity - size)
         target = self._file(h)
         tmp = target.with_suffix(".tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(_HEADER.pack(_MAGIC, len(payload), hashlib.sha256(payload).digest()))
+            with open(tmp, "wb", opener=_create_private) as f:
+                digest = hashlib.sha256(header)
+                digest.update(payload)
+                f.write(header + digest.digest())
                 f.write(payload)
             os.replace(tmp, target)
         except OSError as e:
@@ -239,7 +323,7 @@ class DiskTier:
     def _drop(self, h: BlockHash) -> None:
         size = self.index.pop(h, 0)
         self.used -= size
-        self._file(h).unlink(missing_ok=True)
+        _remove(self._file(h))
 
     def clear(self) -> list[BlockHash]:
         hashes = list(self.index)
