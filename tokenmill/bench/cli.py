@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import secrets
 import sys
 from pathlib import Path
 
@@ -89,7 +90,10 @@ def add_bench_parser(sub) -> None:
         "--wait-idle", type=float, default=0.0, metavar="S",
         help="before each run wait up to S seconds until other processes use < 0.25 cores",
     )  # fmt: skip
-    ld.add_argument("--seed", type=int, default=0)
+    ld.add_argument(
+        "--seed", type=int, default=None,
+        help="workload seed (default: a fresh one per invocation, recorded in results.json)",
+    )  # fmt: skip
     w = p.add_argument_group("workload")
     w.add_argument(
         "--workload", default="random",
@@ -200,9 +204,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     sources, baseline = build_sources(args, plan)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.output_dir or Path("bench-results") / stamp)
+    # A fresh seed per invocation: a rerun of the same command must not find its prompts in
+    # the server's prefix cache. The seed is reported so --seed can reproduce the run.
+    seed = args.seed if args.seed is not None else secrets.randbits(32)
+    console.print(f"seed {seed} (--seed {seed} reproduces these prompts)")
     options = RunOptions(
         slo=SLO.parse(args.slo),
-        seed=args.seed,
+        seed=seed,
         warmup=args.warmup,
         max_duration_s=args.max_duration,
         turn_delay_s=args.turn_delay,
