@@ -28,3 +28,18 @@ def test_active_blocks_count_shared_prefixes_once():
     lt.finish(b)
     lt.finish(b)  # idempotent
     assert lt.active_blocks("x") == 0 and lt.in_flight("x") == 0 and lt.total_in_flight() == 0
+
+
+def test_same_request_id_twice_books_and_releases_each_attempt():
+    """The client's X-Request-Id is not unique: two requests with the same one must not
+    overwrite each other's booking (the first's load would stay forever)."""
+    lt = LoadTracker()
+    a = lt.book("dup", "x", (1, 2, 3), 3.0)
+    b = lt.book("dup", "x", (1, 2, 4), 1.0)
+    assert lt.in_flight("x") == 2 and lt.pending_prefill("x") == 4.0
+    lt.finish(b)
+    assert lt.in_flight("x") == 1 and lt.active_blocks("x") == 3 + 1
+    lt.finish(b)  # a second finish of the same booking does not release the other one
+    assert lt.in_flight("x") == 1
+    lt.finish(a)
+    assert lt.in_flight("x") == 0 and lt.active_blocks("x") == 0 and lt.pending_prefill("x") == 0

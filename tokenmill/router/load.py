@@ -7,10 +7,14 @@ request of a burst already sees it, long before any event or metric from the rep
 - active blocks: the distinct prompt blocks of requests in flight (shared prefixes count
   once, as in Dynamo) plus one growing tail block per request;
 - requests in flight (the imbalance guard and least-load use these).
+
+Bookings are keyed by an id of their own, one per routed attempt: the client's request id
+is neither unique nor trusted (two requests with the same one must not share a booking).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,7 +22,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Booking:
-    request_id: str
+    id: int
+    request_id: str  # the client's, for logs
     replica: str
     hashes: tuple[int, ...]
     prefill_blocks: float
@@ -28,7 +33,7 @@ class Booking:
 
 @dataclass
 class ReplicaLoad:
-    bookings: dict[str, Booking] = field(default_factory=dict)
+    bookings: dict[int, Booking] = field(default_factory=dict)
     active: Counter[int] = field(default_factory=Counter)
 
 
@@ -36,6 +41,7 @@ class LoadTracker:
     def __init__(self, booking_ttl_s: float = 30.0) -> None:
         self.booking_ttl_s = booking_ttl_s
         self._loads: dict[str, ReplicaLoad] = {}
+        self._ids = itertools.count()
 
     def _load(self, replica: str) -> ReplicaLoad:
         return self._loads.setdefault(replica, ReplicaLoad())
@@ -49,9 +55,11 @@ class LoadTracker:
         now: float | None = None,
     ) -> Booking:
         now = time.monotonic() if now is None else now
-        b = Booking(request_id, replica, hashes, prefill_blocks, now + self.booking_ttl_s)
+        b = Booking(
+            next(self._ids), request_id, replica, hashes, prefill_blocks, now + self.booking_ttl_s
+        )
         load = self._load(replica)
-        load.bookings[request_id] = b
+        load.bookings[b.id] = b
         load.active.update(hashes)
         return b
 
@@ -59,8 +67,9 @@ class LoadTracker:
         booking.prefilled = True
 
     def finish(self, booking: Booking) -> None:
+        """Releases the booking; idempotent."""
         load = self._loads.get(booking.replica)
-        if load is None or load.bookings.pop(booking.request_id, None) is None:
+        if load is None or load.bookings.pop(booking.id, None) is None:
             return
         load.active.subtract(booking.hashes)
         for h in booking.hashes:
