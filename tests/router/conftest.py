@@ -67,6 +67,12 @@ def start_router(
     raise RuntimeError(f"router not ready:\n{log_path.read_text()}")
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    """The backend of the async tests (`pytest.mark.anyio`)."""
+    return "asyncio"
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
     log_dir = tmp_path_factory.mktemp("cluster")

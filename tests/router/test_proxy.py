@@ -4,81 +4,15 @@ first token, clean mid-stream errors, pass-through of client errors, the bounded
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
 
-from tokenmill.router.app import build_router_app
-from tokenmill.router.config import RouterConfig
-from tokenmill.router.prompts import PromptHasher
-from tokenmill.router.replicas import ReplicaSpec
+from tests.router.fakes import BAD, BODY, GOOD, OK_JSON, Chunks, routed, sse_ok
 from tokenmill.router.router import Router
 
-pytestmark = pytest.mark.anyio  # anyio's pytest plugin runs the async tests
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-GOOD, BAD = "127.0.0.1:9101", "127.0.0.1:9102"
-BODY = {"model": "m", "prompt": list(range(1, 100)), "max_tokens": 4}
-OK_JSON = {"choices": [{"text": "hi"}], "usage": {"prompt_tokens": 99, "completion_tokens": 4,
-           "total_tokens": 103, "prompt_tokens_details": {"cached_tokens": 96}}}  # fmt: skip
-
-
-class Chunks(httpx.AsyncByteStream):
-    def __init__(self, chunks: list[bytes], fail: Exception | None = None) -> None:
-        self.chunks, self.fail = chunks, fail
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for c in self.chunks:
-            yield c
-        if self.fail is not None:
-            raise self.fail
-
-
-def sse_ok() -> list[bytes]:
-    return [b'data: {"choices": [{"text": "a"}]}\n\n', b"data: [DONE]\n\n"]
-
-
-Handler = Callable[[str, httpx.Request], object]
-
-
-@contextlib.asynccontextmanager
-async def routed(
-    handler: Handler, dead: set[str] | None = None, **config
-) -> AsyncIterator[tuple[httpx.AsyncClient, Router]]:
-    """The router app in front of fake replicas; names in `dead` refuse health checks."""
-    dead = dead if dead is not None else set()
-
-    async def transport(request: httpx.Request) -> httpx.Response:
-        name = f"{request.url.host}:{request.url.port}"
-        if request.url.path == "/health":
-            if name in dead:
-                raise httpx.ConnectError("refused", request=request)
-            return httpx.Response(200)
-        if request.url.path == "/server_info":
-            return httpx.Response(200, json={"engine": {"block_size": 16, "pid": 1}})
-        out = handler(name, request)
-        return await out if asyncio.iscoroutine(out) else out
-
-    specs = [ReplicaSpec.parse(GOOD), ReplicaSpec.parse(BAD)]
-    router = Router(RouterConfig(**{"health_interval_s": 60, **config}), specs)
-    app = build_router_app(router, PromptHasher(None, None), httpx.MockTransport(transport))
-    async with app.router.lifespan_context(app):
-        for _ in range(100):
-            if len(router.healthy()) == 2:
-                break
-            await asyncio.sleep(0.01)
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app), base_url="http://router"
-        ) as client:
-            yield client, router
+pytestmark = pytest.mark.anyio  # anyio's pytest plugin runs the async tests (conftest)
 
 
 def metric(router: Router, line: str) -> bool:

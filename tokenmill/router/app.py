@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import uuid
@@ -16,10 +15,12 @@ from fastapi.responses import JSONResponse, Response
 
 import tokenmill
 from tokenmill.router.admission import Admission
+from tokenmill.router.auth import APIKeyMiddleware
 from tokenmill.router.health import check_replica, health_loop
 from tokenmill.router.prompts import PromptHasher, RequestKey
-from tokenmill.router.proxy import Proxy, return_headers
+from tokenmill.router.proxy import Proxy, return_headers, upstream_headers
 from tokenmill.router.router import Router
+from tokenmill.router.workers import CPUWorkers
 from tokenmill.server.errors import APIError, error_body
 
 logger = logging.getLogger("tokenmill.router")
@@ -46,9 +47,14 @@ def parse_json(body: bytes) -> dict[str, Any] | None:
 
 
 def build_router_app(
-    router: Router, hasher: PromptHasher, transport: httpx.AsyncBaseTransport | None = None
+    router: Router,
+    hasher: PromptHasher,
+    transport: httpx.AsyncBaseTransport | None = None,
+    api_key: str | None = None,
+    protect_metrics: bool = False,
 ) -> FastAPI:
-    """`transport` replaces the network to the replicas (tests)."""
+    """`transport` replaces the network to the replicas (tests). With `api_key`, clients
+    need it, and the router presents it to the replicas (one key for the cluster)."""
     config = router.config
     admission = Admission(config.max_in_flight, config.max_queue, config.queue_timeout_s)
     holder: dict[str, Any] = {}
@@ -68,53 +74,74 @@ def build_router_app(
         )
         client = httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport)
         holder["client"] = client
-        checks: set[asyncio.Task] = set()
+        holder["workers"] = CPUWorkers(config.prompt_threads)
+        checks: dict[str, asyncio.Task] = {}
 
         def suspect(name: str) -> None:
+            """At most one check per replica at a time: a burst of failed requests on one
+            replica asks once, not once each."""
+            if name in checks:
+                return
             task = asyncio.get_running_loop().create_task(
                 check_replica(router, client, router.replicas[name], timeout_s=2.0)
             )
-            checks.add(task)
-            task.add_done_callback(checks.discard)
+            checks[name] = task
+            task.add_done_callback(lambda _: checks.pop(name, None))
 
-        holder["proxy"] = Proxy(router, client, suspect)
+        holder["proxy"] = Proxy(router, client, suspect, api_key)
         router.start_events()
         task = asyncio.create_task(health_loop(router, client))
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            pending = [task, *checks.values()]
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             router.stop_events()
+            holder["workers"].close()
             await client.aclose()
 
     app = FastAPI(title="tokenmill router", version=tokenmill.__version__, lifespan=lifespan)
     app.state.router = router
+    if api_key is not None:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key, protect_metrics=protect_metrics)
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError):
         return exc.response()
 
+    def request_key(endpoint: str, data: dict[str, Any], session: str | None) -> RequestKey | None:
+        """Renders, tokenizes and hashes the prompt (CPU work: run off the event loop)."""
+        try:
+            key = hasher.key(endpoint, data, session)
+        except ValueError:
+            return None  # invalid: a replica answers with the precise 4xx
+        for block_size in {r.block_size for r in router.replicas.values()}:
+            key.hashes(block_size)  # cached on the key for the decision
+        return key
+
     async def routed(request: Request, path: str, endpoint: str) -> Response:
         request_id = request.headers.get("x-request-id", "")[:200] or uuid.uuid4().hex
         body = await read_body(request, config.max_body_bytes)
         data = parse_json(body)
-        key: RequestKey | None = None
-        if data is not None:
-            try:
-                key = hasher.key(endpoint, data, request.headers.get("x-session-id"))
-            except ValueError:
-                key = None  # invalid: a replica answers with the precise 4xx
         stream = bool(data.get("stream")) if data else False
         try:
-            ticket = await admission.acquire()
+            ticket = await admission.acquire()  # also bounds the prompts waiting to be hashed
         except APIError:
             router.metrics.rejected.labels("queue_full").inc()
             raise
-        return await holder["proxy"].forward(
-            path, body, dict(request.headers), key, stream, request_id, ticket
-        )
+        try:
+            key = None
+            if data is not None:
+                session = request.headers.get("x-session-id")
+                workers: CPUWorkers = holder["workers"]
+                key = await workers.run(lambda: request_key(endpoint, data, session))
+            return await holder["proxy"].forward(
+                path, body, dict(request.headers), key, stream, request_id, ticket
+            )
+        finally:
+            ticket.release()  # a no-op once a stream took it over
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -128,11 +155,10 @@ def build_router_app(
         """Any healthy replica answers (models, tokenize, version)."""
         client: httpx.AsyncClient = holder["client"]
         body = await read_body(request, config.max_body_bytes)
-        headers = {
-            k: v
-            for k, v in request.headers.items()
-            if k.lower() in ("content-type", "authorization", "x-request-id")
-        }
+        headers = upstream_headers(
+            dict(request.headers), ("content-type", "authorization", "x-request-id"),
+            api_key=api_key,
+        )  # fmt: skip
         healthy = router.healthy()
         turn[0] += 1
         for i in range(len(healthy)):
@@ -200,7 +226,7 @@ def build_router_app(
     async def reset_prefix_cache(request: Request):
         """Admin: resets every healthy replica's prefix cache (benchmarks start cold)."""
         client: httpx.AsyncClient = holder["client"]
-        headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+        headers = upstream_headers(dict(request.headers), ("authorization",), api_key=api_key)
         out = {}
         for r in router.healthy():
             try:

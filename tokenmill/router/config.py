@@ -57,6 +57,7 @@ class RouterConfig:
     read_timeout_s: float = 600.0  # between two bytes from a replica
     replay_timeout_s: float = 2.0
     max_body_bytes: int = 4 * 1024 * 1024
+    prompt_threads: int = 2  # render, tokenize and hash prompts off the event loop
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -65,3 +66,5 @@ class RouterConfig:
             raise ValueError("retries: must be >= 0")
         if self.max_in_flight < 1 or self.max_queue < 0:
             raise ValueError("max_in_flight: must be >= 1 (max_queue >= 0)")
+        if self.prompt_threads < 1:
+            raise ValueError("prompt_threads: must be >= 1")

@@ -27,21 +27,37 @@ from tokenmill.server.errors import APIError, error_body
 logger = logging.getLogger("tokenmill.router")
 
 RETRY_STATUS = frozenset({502, 503, 504})
-_FORWARD_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "user-agent")
-_RETURN_HEADERS = ("content-type", "retry-after", "x-request-id")
+FORWARD_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "user-agent")
+_RETURN_HEADERS = (b"content-type", b"retry-after", b"x-request-id")
 _USAGE = re.compile(rb'"prompt_tokens":\s*(\d+).*?"cached_tokens":\s*(\d+)', re.S)
 
 
-def forward_headers(headers: dict[str, str], request_id: str) -> dict[str, str]:
-    out = {k: v for k, v in headers.items() if k.lower() in _FORWARD_HEADERS}
-    out["x-request-id"] = request_id
+def upstream_headers(
+    headers: dict[str, str],
+    names: tuple[str, ...],
+    request_id: str | None = None,
+    api_key: str | None = None,
+) -> dict[str, bytes]:
+    """The client's headers among `names`, as the bytes it sent (Starlette decodes them as
+    latin-1; httpx would encode str as ASCII and fail on anything else). With the replicas'
+    `api_key`, the router authenticates itself instead of passing the client's header on."""
+    out = {k: v.encode("latin-1") for k, v in headers.items() if k.lower() in names}
+    if request_id is not None:
+        out["x-request-id"] = request_id.encode("latin-1")
+    if api_key is not None:
+        out = {k: v for k, v in out.items() if k.lower() != "authorization"}
+        out["authorization"] = b"Bearer " + api_key.encode()
     return out
 
 
 def return_headers(
     resp: httpx.Response, request_id: str, replica: str | None = None
 ) -> dict[str, str]:
-    out = {k: v for k, v in resp.headers.items() if k.lower() in _RETURN_HEADERS}
+    out = {
+        k.decode("latin-1"): v.decode("latin-1")
+        for k, v in resp.headers.raw
+        if k.lower() in _RETURN_HEADERS
+    }
     if request_id:
         out["x-request-id"] = request_id
     if replica:
@@ -75,11 +91,13 @@ class Proxy:
         router: Router,
         client: httpx.AsyncClient,
         suspect: Callable[[str], None] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.router = router
         self.client = client
         self.metrics = router.metrics
         self.suspect = suspect  # asks for a health check of a replica now
+        self.api_key = api_key  # the replicas'
 
     def _failed(self, name: str, e: Exception) -> None:
         """A refused connection means the replica is gone; a reset may also be a stale
@@ -89,21 +107,15 @@ class Proxy:
         elif self.suspect is not None and isinstance(e, httpx.TransportError):
             self.suspect(name)
 
-    def _failed_attempt(self, decision: Decision, name: str, e: httpx.HTTPError) -> Response:
-        """A replica failed before anything reached the client: counted as a retry; the 502
-        it would answer if no attempt is left."""
-        self._transport_failure(decision, e)
-        self.metrics.retries.labels(type(e).__name__).inc()
+    def _failed_attempt(self, name: str, e: httpx.HTTPError) -> tuple[Response, str]:
+        """A replica failed before anything reached the client: the 502 to answer if no
+        attempt is left, and the reason to retry."""
+        self._failed(name, e)
+        self.metrics.requests.labels(name, "transport_error").inc()
         return APIError(
             502, f"replica {name} failed: {type(e).__name__}", "server_error", None,
             "replica_failed",
-        ).response()  # fmt: skip
-
-    def _transport_failure(self, decision: Decision, e: Exception) -> None:
-        name = decision.replica.name
-        self.router.finish(decision)
-        self._failed(name, e)
-        self.metrics.requests.labels(name, "transport_error").inc()
+        ).response(), type(e).__name__  # fmt: skip
 
     async def forward(
         self,
@@ -115,59 +127,80 @@ class Proxy:
         request_id: str,
         ticket: Ticket,
     ) -> Response:
-        """Sends the request (retrying once before its first token) and returns the reply."""
-        fwd = forward_headers(headers, request_id)
+        """Sends the request (retrying once before its first token) and returns the reply.
+        A stream that starts takes the admission `ticket` over; else the caller releases it."""
+        fwd = upstream_headers(headers, FORWARD_HEADERS, request_id, self.api_key)
         tried: list[str] = []
         last: Response | None = None
+        retry: str | None = None
         attempts = self.router.config.retries + 1
+        for attempt in range(attempts):
+            t0 = time.perf_counter()
+            decision = self.router.decide(key, request_id, tried, attempt)
+            self.metrics.decision_seconds.observe(time.perf_counter() - t0)
+            if decision is None:
+                break
+            tried.append(decision.replica.name)
+            if retry is not None:
+                self.metrics.retries.labels(retry).inc()
+                logger.info("request %s: retry %d on %s", request_id, attempt, tried[-1])
+            last, retry = await self._attempt(
+                decision, path, body, fwd, stream, request_id, ticket, t0
+            )
+            if retry is None:
+                return last
+        if last is not None:
+            return last
+        self.metrics.rejected.labels("no_healthy_replica").inc()
+        return APIError(
+            503, "no healthy replica", "server_error", None, "no_healthy_replica",
+            headers={"Retry-After": "1"},
+        ).response()  # fmt: skip
+
+    async def _attempt(
+        self,
+        decision: Decision,
+        path: str,
+        body: bytes,
+        headers: dict[str, bytes],
+        stream: bool,
+        request_id: str,
+        ticket: Ticket,
+        t0: float,
+    ) -> tuple[Response, str | None]:
+        """One try on the decided replica: (reply, why another replica should retry it).
+        Its booking is released on every way out (errors and cancellation included), except
+        a stream that started: the stream's cleanup owns it then."""
+        name = decision.replica.name
+        streaming = False
         try:
-            for attempt in range(attempts):
-                t0 = time.perf_counter()
-                decision = self.router.decide(key, request_id, tried, attempt)
-                self.metrics.decision_seconds.observe(time.perf_counter() - t0)
-                if decision is None:
-                    break
-                name = decision.replica.name
-                tried.append(name)
-                if attempt:
-                    logger.info("request %s: retry %d on %s", request_id, attempt, name)
-                req = self.client.build_request(
-                    "POST", decision.replica.url + path, content=body, headers=fwd
-                )
-                try:
-                    resp = await self.client.send(req, stream=True)
-                except httpx.HTTPError as e:
-                    last = self._failed_attempt(decision, name, e)
-                    continue
-                retriable = resp.status_code in RETRY_STATUS and attempt + 1 < attempts
+            req = self.client.build_request(
+                "POST", decision.replica.url + path, content=body, headers=headers
+            )
+            try:
+                resp = await self.client.send(req, stream=True)
+            except httpx.HTTPError as e:
+                return self._failed_attempt(name, e)
+            try:
                 if stream and resp.status_code == 200:
                     self.router.first_token(decision)
                     self.metrics.ttft.observe(time.perf_counter() - t0)
-                    return self._stream(resp, decision, request_id, ticket.hand_over())
+                    out = self._stream(resp, decision, request_id, ticket)
+                    streaming = True
+                    return out, None
                 try:
                     content = await resp.aread()
                 except httpx.HTTPError as e:  # died while generating; nothing sent yet
-                    last = self._failed_attempt(decision, name, e)
-                    continue
-                finally:
+                    return self._failed_attempt(name, e)
+            finally:
+                if not streaming:
                     await resp.aclose()
-                self.router.finish(decision)
-                self._count(name, resp.status_code, content)
-                out = Response(content, resp.status_code, return_headers(resp, request_id, name))
-                if retriable:
-                    self.metrics.retries.labels(str(resp.status_code)).inc()
-                    last = out
-                    continue
-                return out
-            if last is not None:
-                return last
-            self.metrics.rejected.labels("no_healthy_replica").inc()
-            return APIError(
-                503, "no healthy replica", "server_error", None, "no_healthy_replica",
-                headers={"Retry-After": "1"},
-            ).response()  # fmt: skip
         finally:
-            ticket.release()
+            if not streaming:
+                self.router.finish(decision)
+        self._count(name, resp.status_code, content)
+        out = Response(content, resp.status_code, return_headers(resp, request_id, name))
+        return out, str(resp.status_code) if resp.status_code in RETRY_STATUS else None
 
     def _count(self, name: str, status: int, content: bytes) -> None:
         self.metrics.requests.labels(name, str(status)).inc()
@@ -184,6 +217,8 @@ class Proxy:
     def _stream(
         self, resp: httpx.Response, decision: Decision, request_id: str, ticket: Ticket
     ) -> Response:
+        """The reply that pumps the replica's stream; it owns the booking, the upstream
+        response and (taken over last, once nothing can fail) the admission ticket."""
         name = decision.replica.name
         done = False
 
@@ -192,9 +227,10 @@ class Proxy:
             if done:
                 return
             done = True
-            await resp.aclose()
+            # release first: a cancelled task may not get past the await below
             self.router.finish(decision)
-            ticket.release()
+            held.release()
+            await resp.aclose()
 
         async def pump() -> AsyncIterator[bytes]:
             tail = b""
@@ -222,9 +258,11 @@ class Proxy:
             finally:
                 await cleanup()
 
-        return UpstreamStream(
+        out = UpstreamStream(
             pump(),
             cleanup,
             status_code=resp.status_code,
             headers=return_headers(resp, request_id, name),
         )
+        held = ticket.hand_over()
+        return out
