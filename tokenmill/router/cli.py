@@ -10,6 +10,7 @@ import signal
 import tempfile
 from pathlib import Path
 
+from tokenmill.router.auth import resolve_api_key
 from tokenmill.router.config import POLICIES, CostWeights, GuardConfig, RouterConfig
 from tokenmill.router.replicas import ReplicaSpec
 
@@ -22,6 +23,13 @@ _CLUSTER_OWNED = {"kv_events_endpoint", "kv_events_replay_endpoint", "num_thread
 def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    a = p.add_argument_group("API key (also $TOKENMILL_API_KEY)")
+    a.add_argument(
+        "--api-key", default=None,
+        help="require 'Authorization: Bearer KEY' (visible in ps: prefer the file or the env)",
+    )  # fmt: skip
+    a.add_argument("--api-key-file", default=None, metavar="PATH", help="read the key from PATH")
+    a.add_argument("--protect-metrics", action="store_true", help="/metrics needs the key too")
     g = p.add_argument_group("routing")
     g.add_argument("--policy", choices=POLICIES, default="cache_aware")
     w, gd = CostWeights(), GuardConfig()
@@ -91,7 +99,8 @@ def add_router_parsers(sub, add_engine_args) -> None:
 
 
 def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None, host: str,
-               port: int, log_decisions: bool = False) -> int:  # fmt: skip
+               port: int, log_decisions: bool = False, api_key: str | None = None,
+               protect_metrics: bool = False) -> int:  # fmt: skip
     import uvicorn
 
     from tokenmill.router.app import build_router_app
@@ -102,10 +111,13 @@ def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None
     if log_decisions:
         logging.getLogger("tokenmill.router.decision").setLevel(logging.DEBUG)
     router = Router(config, specs)
-    app = build_router_app(router, PromptHasher.from_model(model))
+    app = build_router_app(
+        router, PromptHasher.from_model(model), api_key=api_key, protect_metrics=protect_metrics
+    )
     logger.warning(
-        "tokenmill router on http://%s:%d (%s) -> %s",
-        host, port, config.policy, ", ".join(s.url for s in specs),
+        "tokenmill router on http://%s:%d (%s%s) -> %s",
+        host, port, config.policy, ", API key required" if api_key else "",
+        ", ".join(s.url for s in specs),
     )  # fmt: skip
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
@@ -118,8 +130,9 @@ def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None
 def cmd_router(args: argparse.Namespace) -> int:
     specs = [ReplicaSpec.parse(r) for r in args.replica]
     return run_router(
-        router_config(args), specs, args.model, args.host, args.port, args.log_decisions
-    )
+        router_config(args), specs, args.model, args.host, args.port, args.log_decisions,
+        resolve_api_key(args.api_key, args.api_key_file), args.protect_metrics,
+    )  # fmt: skip
 
 
 def engine_argv(args: argparse.Namespace) -> list[str]:
@@ -142,17 +155,18 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         raise ValueError("replicas: must be >= 1")
     config = router_config(args)  # validate before starting anything
+    api_key = resolve_api_key(args.api_key, args.api_key_file)  # the replicas' too
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="tokenmill-cluster-"))
     argv = engine_argv(args) + shlex.split(args.replica_args)
     level = logging.getLevelName(logging.getLogger().level)
     print(f"starting {args.replicas} replicas (logs in {log_dir}) ...", flush=True)
-    replicas = start_cluster(args.replicas, argv, log_dir, args.num_threads, level)
+    replicas = start_cluster(args.replicas, argv, log_dir, args.num_threads, level, api_key)
     for r in replicas:
         print(f"  replica {r.spec.url}  events {r.spec.events}  replay {r.spec.replay}")
     try:
         return run_router(
             config, [r.spec for r in replicas], args.model, args.host, args.port,
-            args.log_decisions,
+            args.log_decisions, api_key, args.protect_metrics,
         )  # fmt: skip
     finally:
         codes = stop_cluster(replicas)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from tokenmill.router.auth import API_KEY_ENV
 from tokenmill.router.replicas import ReplicaSpec
 
 logger = logging.getLogger("tokenmill.router")
@@ -67,7 +68,10 @@ def start_replica(
     threads: int | None,
     host: str = "127.0.0.1",
     log_level: str = "WARNING",
+    api_key: str | None = None,
 ) -> ReplicaProcess:
+    """With `api_key`, the replica requires it; it goes through the environment (argv is
+    visible to every user in `ps`)."""
     port, events, replay = free_port(host), free_port(host), free_port(host)
     spec = ReplicaSpec(f"http://{host}:{port}", f"tcp://{host}:{events}", f"tcp://{host}:{replay}")
     cmd = [
@@ -79,7 +83,10 @@ def start_replica(
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"replica-{port}.log"
     log = open(log_path, "w")  # noqa: SIM115  (the process owns it)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+    env["PYTHONUNBUFFERED"] = "1"
+    if api_key is not None:
+        env[API_KEY_ENV] = api_key
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
@@ -114,10 +121,14 @@ def start_cluster(
     log_dir: Path,
     threads: int | None = None,
     log_level: str = "WARNING",
+    api_key: str | None = None,
 ) -> list[ReplicaProcess]:
     """Starts n replicas and waits until all are healthy (stops them all on failure)."""
     threads = threads or threads_per_replica(n)
-    replicas = [start_replica(engine_argv, log_dir, threads, log_level=log_level) for _ in range(n)]
+    replicas = [
+        start_replica(engine_argv, log_dir, threads, log_level=log_level, api_key=api_key)
+        for _ in range(n)
+    ]
     try:
         wait_ready(replicas)
     except BaseException:
