@@ -8,6 +8,7 @@ from tokenmill.router.config import GuardConfig, RouterConfig
 from tokenmill.router.prompts import RequestKey
 from tokenmill.router.replicas import ReplicaSpec
 from tokenmill.router.router import Router
+from tokenmill.router.subscriber import EventSubscriber
 
 
 def make_router(n=2, **config) -> Router:
@@ -131,3 +132,15 @@ def test_replica_spec_parsing():
     assert s.url == "http://10.0.0.5:8001" and s.name == "10.0.0.5:8001"
     assert s.events == "tcp://10.0.0.5:5557" and s.replay == "tcp://10.0.0.5:5558"
     assert ReplicaSpec.parse("http://h:1/").events is None
+
+
+def test_subscriber_trouble_is_counted_in_metrics():
+    router = make_router()
+    name = next(iter(router.replicas))
+    sub = EventSubscriber(name, router.index, "tcp://127.0.0.1:1", None)  # never started
+    router.subscribers[name] = sub
+    sub.stats.bad_batches, sub.stats.errors = 2, 1
+    text = router.metrics.render().decode()
+    assert f'tokenmill:router_kv_event_bad_batches_total{{replica="{name}"}} 2.0' in text
+    assert f'tokenmill:router_kv_event_subscriber_errors_total{{replica="{name}"}} 1.0' in text
+    sub.stop()

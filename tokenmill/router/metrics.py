@@ -59,6 +59,15 @@ class RouterMetrics:
             p + "kv_event_resyncs_total", "full resyncs of a replica's index", ["replica"],
             registry=r,
         )  # fmt: skip
+        self.event_bad_batches = Counter(
+            p + "kv_event_bad_batches_total", "malformed KV event messages (replayed as gaps)",
+            ["replica"], registry=r,
+        )  # fmt: skip
+        self.event_errors = Counter(
+            p + "kv_event_subscriber_errors_total",
+            "event subscriber failures (each: purge, backoff, full resync)", ["replica"],
+            registry=r,
+        )  # fmt: skip
         self.health_changes = Counter(
             p + "replica_health_changes_total", "replica health transitions", ["replica", "to"],
             registry=r,

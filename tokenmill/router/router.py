@@ -246,3 +246,5 @@ class Router:
                 m.add_delta(m.event_batches, r.name, "batches", sub.stats.batches)
                 m.add_delta(m.event_gaps, r.name, "gaps", sub.stats.gaps)
                 m.add_delta(m.event_resyncs, r.name, "resyncs", sub.stats.resyncs)
+                m.add_delta(m.event_bad_batches, r.name, "bad_batches", sub.stats.bad_batches)
+                m.add_delta(m.event_errors, r.name, "errors", sub.stats.errors)

@@ -7,23 +7,32 @@ went back to its first batch); `partial` — some batches are lost for good (buf
 no replay socket, replay timed out): the index is a subset of the truth (a resync clears it
 first, so it never claims blocks that were removed) and the router adds its approximate
 index for this replica; `idle` — not following.
+
+A malformed batch (undecodable, wrong shape or types) is never applied, not even in part,
+and does not advance the sequence: it counts as lost and is replayed like any gap. An
+unexpected error (a bug, the index failing) does not end the thread: the replica's entries
+are purged (no half-applied batch keeps claiming blocks), and after a short backoff the
+subscriber reconnects and resyncs in full.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import msgpack
 import zmq
 
+from tokenmill.router.batches import BadBatch, Event, decode_events
 from tokenmill.router.index import KVIndex
 
 logger = logging.getLogger(__name__)
 
 TOPIC = b"kv-events"
+BACKOFF_S = 0.1  # after an error; doubles with each error in a row
+MAX_BACKOFF_S = 5.0
 
 
 @dataclass
@@ -35,6 +44,8 @@ class SubscriberStats:
     resyncs: int = 0
     replayed: int = 0
     lost: int = 0  # batches known to be gone for good
+    bad_batches: int = 0  # malformed messages
+    errors: int = 0  # unexpected failures, each followed by a restart and full resync
 
 
 class EventSubscriber:
@@ -94,14 +105,46 @@ class EventSubscriber:
     # ------------------------------------------------------------ loop
 
     def _run(self) -> None:
-        sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
-        sub.setsockopt(zmq.RCVHWM, 100_000)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.connect(self.endpoint)
-        poller = zmq.Poller()
-        poller.register(sub, zmq.POLLIN)
+        failures = 0
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self._follow()
+            except zmq.ContextTerminated:
+                return
+            except Exception:
+                if time.monotonic() - started > MAX_BACKOFF_S:
+                    failures = 0  # it had been running fine
+                failures += 1
+                backoff = min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (failures - 1))
+                logger.exception(
+                    "kv events of %s: subscriber failed; full resync in %.1fs",
+                    self.replica, backoff,
+                )  # fmt: skip
+                self._failed()
+                self._resync.set()
+                self._stop.wait(backoff)
+
+    def _failed(self) -> None:
+        """Nothing half-applied may keep claiming blocks until the resync."""
+        self.stats.errors += 1
+        self.last_seq = None
         try:
+            self.index.clear(self.replica)
+            self._set_state("partial")
+        except Exception:
+            logger.exception("kv events of %s: purge failed", self.replica)
+
+    def _follow(self) -> None:
+        """Receives live batches on a fresh socket until stopped."""
+        sub = self._ctx.socket(zmq.SUB)
+        try:
+            sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+            sub.setsockopt(zmq.RCVHWM, 100_000)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.connect(self.endpoint)
+            poller = zmq.Poller()
+            poller.register(sub, zmq.POLLIN)
             while not self._stop.is_set():
                 if self._resync.is_set():
                     self._resync.clear()
@@ -110,16 +153,12 @@ class EventSubscriber:
                     continue
                 frames = sub.recv_multipart(zmq.NOBLOCK)
                 if len(frames) != 3 or len(frames[1]) != 8:
+                    self.stats.bad_batches += 1  # no sequence number: the next gap tells
                     continue
                 seq = int.from_bytes(frames[1], "big")
                 if self.drop_live is not None and self.drop_live(seq):
                     continue
                 self._on_live(seq, frames[2])
-        except zmq.ContextTerminated:
-            pass
-        except Exception:
-            logger.exception("kv event subscriber for %s failed", self.replica)
-            self._set_state("idle")
         finally:
             sub.close(0)
 
@@ -128,32 +167,50 @@ class EventSubscriber:
         if last is not None and seq <= last:
             self.stats.duplicates += 1  # already applied through a replay
             return
-        if last is not None and seq > last + 1:
+        events = self._decode(seq, payload)
+        in_order = seq == last + 1 if last is not None else self.state != "idle"
+        if events is not None and in_order:
+            self._commit(seq, events)
+            return
+        # a gap, a malformed batch (one more missing), or first contact: replay first
+        if last is None:
+            self._full_resync()
+        else:
             self.stats.gaps += 1
-            logger.info("kv events of %s: gap %d..%d", self.replica, last + 1, seq - 1)
+            logger.info("kv events of %s: gap %d..%d", self.replica, last + 1, seq)
             if self._fill(last + 1):
                 self.stats.gaps_filled += 1
             else:
                 self._full_resync()
-            if self.last_seq is not None and seq <= self.last_seq:
-                return  # the replay already brought this batch
-            if self.last_seq is not None and seq > self.last_seq + 1:
-                self.stats.lost += seq - self.last_seq - 1
-        elif last is None and self.state == "idle":
-            self._full_resync()  # first contact without a finished resync
-            if self.last_seq is not None and seq <= self.last_seq:
-                return
-        self._apply(seq, payload)
+        if self.last_seq is not None and seq <= self.last_seq:
+            return  # the replay brought this batch
+        if events is None:
+            self._lose(seq, seq)
+            return
+        if self.last_seq is not None and seq > self.last_seq + 1:
+            self._lose(self.last_seq + 1, seq - 1)
+        self._commit(seq, events)
 
-    def _apply(self, seq: int, payload: bytes) -> None:
+    def _decode(self, seq: int, payload: bytes) -> list[Event] | None:
         try:
-            _ts, events = msgpack.unpackb(payload)
-        except Exception:  # a malformed batch: skip it, keep order
-            logger.warning("kv events of %s: bad batch %d", self.replica, seq)
-            events = []
+            return decode_events(payload)
+        except BadBatch as e:
+            self.stats.bad_batches += 1
+            logger.warning("kv events of %s: bad batch %d: %s", self.replica, seq, e)
+            return None
+
+    def _commit(self, seq: int, events: list[Event]) -> None:
         self.index.apply(self.replica, events)
         self.last_seq = seq
         self.stats.batches += 1
+
+    def _lose(self, first: int, last: int) -> None:
+        """Batches first..last are gone for good: what came before them cannot be trusted
+        (they may have removed it), what follows can."""
+        self.stats.lost += last - first + 1
+        self.index.clear(self.replica)
+        self.last_seq = last
+        self._set_state("partial")
 
     # ------------------------------------------------------------ replay
 
@@ -189,7 +246,10 @@ class EventSubscriber:
         for seq, payload in batches:
             if self.last_seq is not None and seq != self.last_seq + 1:
                 return False
-            self._apply(seq, payload)
+            events = self._decode(seq, payload)
+            if events is None:
+                return False
+            self._commit(seq, events)
             self.stats.replayed += 1
         return True
 
@@ -205,13 +265,17 @@ class EventSubscriber:
         complete = not batches or batches[0][0] == 0
         if not complete:
             self.stats.lost += batches[0][0]
-        prev = None
         for seq, payload in batches:
-            if prev is not None and seq != prev + 1:
+            if self.last_seq is not None and seq > self.last_seq + 1:
+                self._lose(self.last_seq + 1, seq - 1)  # a hole in the buffer
                 complete = False
-            self._apply(seq, payload)
+            events = self._decode(seq, payload)
+            if events is None:
+                self._lose(seq, seq)
+                complete = False
+            else:
+                self._commit(seq, events)
             self.stats.replayed += 1
-            prev = seq
         if not batches:
             self.last_seq = -1  # nothing published yet: the next live batch is 0
         self._set_state("synced" if complete else "partial")
