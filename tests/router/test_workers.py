@@ -83,3 +83,16 @@ async def test_workers_bound_concurrency_even_when_callers_leave():
     assert isinstance(results[0], asyncio.CancelledError) and results[1:] == [7] * 4
     assert running == [0, 2]
     workers.close()
+
+
+class BrokenHasher(PromptHasher):
+    def key(self, endpoint: str, body: dict, session: str | None = None) -> RequestKey:
+        raise RuntimeError("tokenizer bug")
+
+
+async def test_a_failing_hasher_routes_by_load_instead_of_failing_the_request():
+    async with serve(
+        lambda n, r: httpx.Response(200, json=OK_JSON), hasher=BrokenHasher(None, None)
+    ) as fake:
+        r = await fake.client.post("/v1/completions", json={"model": "m", "prompt": [1, 2]})
+        assert r.status_code == 200 and fake.in_flight() == 0

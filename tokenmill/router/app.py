@@ -112,11 +112,15 @@ def build_router_app(
         return exc.response()
 
     def request_key(endpoint: str, data: dict[str, Any], session: str | None) -> RequestKey | None:
-        """Renders, tokenizes and hashes the prompt (CPU work: run off the event loop)."""
+        """Renders, tokenizes and hashes the prompt (CPU work: run off the event loop).
+        Without a key the request is still routed, by load."""
         try:
             key = hasher.key(endpoint, data, session)
         except ValueError:
             return None  # invalid: a replica answers with the precise 4xx
+        except Exception:
+            logger.exception("no routing key for a %s request", endpoint)
+            return None
         for block_size in {r.block_size for r in router.replicas.values()}:
             key.hashes(block_size)  # cached on the key for the decision
         return key
