@@ -124,10 +124,11 @@ async def post_raw(
     body: bytes,
     leave: Callable[[list[dict]], bool] = lambda _: False,
     headers: tuple[tuple[bytes, bytes], ...] = (),
+    gone: asyncio.Event | None = None,
 ) -> list[dict]:
     """POSTs straight into the ASGI app, as uvicorn would (ASGI 2.3), and disconnects once
-    `leave(messages sent so far)` is true. Returns the messages the app sent."""
-    gone = asyncio.Event()
+    `leave(messages sent so far)` is true or `gone` is set. Returns the messages sent."""
+    gone = gone or asyncio.Event()
     messages: list[dict] = []
     request = {"type": "http.request", "body": body, "more_body": False}
 

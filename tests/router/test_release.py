@@ -119,6 +119,35 @@ async def test_cancelled_request_releases_its_booking():
         assert await admitted(fake) == 0
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_client_leaving_before_the_reply_cancels_it_at_the_replica(stream):
+    """A non-streamed request (or a stream before its first token) whose client leaves: the
+    request to the replica is cancelled (its connection closed, so the engine aborts and
+    frees its blocks), and the router's booking and slot go at once."""
+    entered, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handler(name, request):
+        entered.set()
+        try:
+            await asyncio.Event().wait()  # a long generation
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with serve(handler) as fake:
+        gone = asyncio.Event()
+        body = json.dumps({**BODY, "stream": stream}).encode()
+        task = asyncio.create_task(post_raw(fake.app, "/v1/completions", body, gone=gone))
+        await entered.wait()
+        gone.set()
+        await asyncio.wait_for(task, 2)
+        assert cancelled.is_set()
+        released(fake)
+        assert await admitted(fake) == 0
+        text = (await fake.client.get("/metrics")).text
+        assert "tokenmill:router_client_disconnects_total 1.0" in text
+
+
 async def test_stream_cancelled_mid_way_releases_before_closing_the_replica():
     """Cancelled by a cancel scope mid-stream, every await in the cleanup is cancelled too:
     the booking and the slot must be released before the upstream response is closed."""

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -36,6 +37,30 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         if len(body) > max_bytes:
             raise APIError(413, f"request body exceeds the limit of {max_bytes} bytes")
     return bytes(body)
+
+
+async def until_disconnect(request: Request) -> None:
+    """Returns when the client goes away (call once its body has been read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_client_leaves(request: Request, work: Awaitable[Response]) -> Response | None:
+    """`work`'s reply, or None if the client left first. Then `work` is cancelled: that
+    closes its request to the replica, which aborts the generation and frees its blocks,
+    and releases the router's booking (a started stream watches for itself)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(until_disconnect(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    await asyncio.gather(task, return_exceptions=True)  # its cleanup, before the slot goes
+    return None
 
 
 def parse_json(body: bytes) -> dict[str, Any] | None:
@@ -141,11 +166,19 @@ def build_router_app(
                 session = request.headers.get("x-session-id")
                 workers: CPUWorkers = holder["workers"]
                 key = await workers.run(lambda: request_key(endpoint, data, session))
-            return await holder["proxy"].forward(
-                path, body, dict(request.headers), key, stream, request_id, ticket
+            reply = await unless_client_leaves(
+                request,
+                holder["proxy"].forward(
+                    path, body, dict(request.headers), key, stream, request_id, ticket
+                ),
             )
         finally:
             ticket.release()  # a no-op once a stream took it over
+        if reply is None:
+            logger.info("request %s: the client left; cancelled at the replica", request_id)
+            router.metrics.client_gone.inc()
+            return Response(status_code=499)  # nobody reads it
+        return reply
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

@@ -40,6 +40,10 @@ class RouterMetrics:
         self.rejected = Counter(
             p + "rejected_total", "requests refused by the router", ["reason"], registry=r
         )
+        self.client_gone = Counter(
+            p + "client_disconnects_total",
+            "requests whose client left before the reply (cancelled at the replica)", registry=r,
+        )  # fmt: skip
         self.cached_tokens = Counter(
             p + "cached_tokens_total", "prompt tokens the replicas reported cached", ["replica"],
             registry=r,
