@@ -72,10 +72,11 @@ async def serve(
     hasher: PromptHasher | None = None,
     api_key: str | None = None,
     protect_metrics: bool = False,
+    server_info: bytes = b'{"engine": {"block_size": 16, "pid": 1}}',
     **config,
 ) -> AsyncIterator[Fake]:
     """Names in `dead` refuse health checks; once both replicas are up, health checks wait
-    for `health_gate` (when given)."""
+    for `health_gate` (when given). Replicas describe themselves with `server_info`."""
     dead = dead if dead is not None else set()
     calls: Counter[str] = Counter()
 
@@ -89,7 +90,7 @@ async def serve(
                 await health_gate.wait()
             return httpx.Response(200)
         if request.url.path == "/server_info":
-            return httpx.Response(200, json={"engine": {"block_size": 16, "pid": 1}})
+            return httpx.Response(200, content=server_info)
         out = handler(name, request)
         return await out if asyncio.iscoroutine(out) else out
 

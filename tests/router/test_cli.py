@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tokenmill.cli import build_parser
+from tokenmill.router import cluster
 from tokenmill.router.cli import engine_argv, router_config
 from tokenmill.router.cluster import threads_per_replica
 
@@ -35,3 +36,47 @@ def test_router_flags_make_a_config():
 def test_threads_split_between_replicas():
     assert threads_per_replica(2, cores=8) == 4
     assert threads_per_replica(3, cores=2) == 1
+
+
+def test_cluster_stops_the_replicas_it_started_when_one_fails_to_start(tmp_path, monkeypatch):
+    started: list[FakeProcess] = []
+
+    def start_replica(*args, **kwargs) -> FakeProcess:
+        if len(started) == 2:
+            raise OSError("no free port")
+        started.append(FakeProcess())
+        return started[-1]
+
+    monkeypatch.setattr(cluster, "start_replica", start_replica)
+    with pytest.raises(OSError):
+        cluster.start_cluster(3, [], tmp_path, threads=1)
+    assert [p.stopped for p in started] == [True, True]
+
+
+class FakeProcess:
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def terminate(self) -> None:
+        self.stopped = True
+
+    def stop(self) -> int:
+        self.stopped = True
+        return 0
+
+
+def test_replica_log_is_closed_when_its_process_cannot_start(tmp_path, monkeypatch):
+    opened = []
+
+    def fake_open(*args, **kwargs):
+        opened.append(open(*args, **kwargs))  # noqa: SIM115
+        return opened[-1]
+
+    def popen(*args, **kwargs):
+        raise OSError("exec failed")
+
+    monkeypatch.setattr(cluster, "open", fake_open, raising=False)
+    monkeypatch.setattr(cluster.subprocess, "Popen", popen)
+    with pytest.raises(OSError):
+        cluster.start_replica([], tmp_path, 1)
+    assert len(opened) == 1 and opened[0].closed

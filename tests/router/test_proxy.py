@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from tests.router.fakes import BAD, BODY, GOOD, OK_JSON, Chunks, routed, sse_ok
+from tests.router.fakes import BAD, BODY, GOOD, OK_JSON, Chunks, routed, serve, sse_ok
 from tokenmill.router.router import Router
 
 pytestmark = pytest.mark.anyio  # anyio's pytest plugin runs the async tests (conftest)
@@ -185,3 +185,15 @@ async def test_a_reset_alone_does_not_take_a_healthy_replica_out():
             assert r.status_code == 200 and r.headers["x-tokenmill-replica"] == GOOD
         await asyncio.sleep(0.1)  # the triggered health check passes
         assert len(router.healthy()) == 2
+
+
+@pytest.mark.parametrize(
+    "info", [b"<html>oops</html>", b'{"engine": [1]}', b'{"engine": {"block_size": "16k"}}']
+)
+async def test_a_replica_with_a_bad_server_info_still_serves(info):
+    """/health says it serves; a /server_info the router cannot read made every health
+    check raise (swallowed by the loop): the replica never came up."""
+    async with serve(lambda n, r: httpx.Response(200, json=OK_JSON), server_info=info) as fake:
+        assert len(fake.router.healthy()) == 2
+        assert {r.block_size for r in fake.router.replicas.values()} == {16}
+        assert (await fake.client.post("/v1/completions", json=BODY)).status_code == 200

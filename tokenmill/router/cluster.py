@@ -82,15 +82,14 @@ def start_replica(
     ]  # fmt: skip
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"replica-{port}.log"
-    log = open(log_path, "w")  # noqa: SIM115  (the process owns it)
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
     env["PYTHONUNBUFFERED"] = "1"
     if api_key is not None:
         env[API_KEY_ENV] = api_key
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
-    log.close()
+    with open(log_path, "w") as log:  # the process has its own copy
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     return ReplicaProcess(proc, spec, log_path)
 
 
@@ -125,11 +124,12 @@ def start_cluster(
 ) -> list[ReplicaProcess]:
     """Starts n replicas and waits until all are healthy (stops them all on failure)."""
     threads = threads or threads_per_replica(n)
-    replicas = [
-        start_replica(engine_argv, log_dir, threads, log_level=log_level, api_key=api_key)
-        for _ in range(n)
-    ]
+    replicas: list[ReplicaProcess] = []
     try:
+        for _ in range(n):
+            replicas.append(
+                start_replica(engine_argv, log_dir, threads, log_level=log_level, api_key=api_key)
+            )
         wait_ready(replicas)
     except BaseException:
         stop_cluster(replicas)

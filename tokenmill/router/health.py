@@ -18,13 +18,22 @@ from tokenmill.router.router import Router
 logger = logging.getLogger("tokenmill.router")
 
 
+def server_info(resp: httpx.Response) -> dict:
+    """The replica's /server_info, or {} if unreadable: /health already said it serves."""
+    try:
+        info = resp.json() if resp.status_code == 200 else {}
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 async def check_replica(router: Router, client: httpx.AsyncClient, r: Replica,
                         timeout_s: float) -> bool:  # fmt: skip
     try:
         resp = await client.get(r.url + "/health", timeout=timeout_s)
         if resp.status_code == 200:
             info = await client.get(r.url + "/server_info", timeout=timeout_s)
-            router.mark_up(r.name, info.json() if info.status_code == 200 else {})
+            router.mark_up(r.name, server_info(info))
             return True
         reason = f"/health answered {resp.status_code}"
         refused = False

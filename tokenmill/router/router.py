@@ -97,11 +97,14 @@ class Router:
 
     def mark_up(self, name: str, info: dict) -> None:
         r = self.replicas[name]
-        engine = info.get("engine", {}) if isinstance(info, dict) else {}
+        engine = info.get("engine") if isinstance(info, dict) else None
+        engine = engine if isinstance(engine, dict) else {}
         pid = engine.get("pid")
         restarted = r.pid is not None and pid is not None and pid != r.pid
         r.info = info
-        r.block_size = int(engine.get("block_size") or r.block_size)
+        block_size = engine.get("block_size")
+        if type(block_size) is int and block_size > 0:
+            r.block_size = block_size
         r.pid = pid if pid is not None else r.pid
         r.failures = 0
         if r.healthy and not restarted:
