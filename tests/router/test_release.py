@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 
 import anyio
 import httpx
 import pytest
+from fastapi import Request
 
 from tests.router.fakes import (
     BAD,
@@ -23,6 +25,8 @@ from tests.router.fakes import (
     serve,
     sse_ok,
 )
+from tokenmill.router.app import unless_client_leaves
+from tokenmill.router.proxy import UpstreamStream
 
 pytestmark = pytest.mark.anyio
 
@@ -214,3 +218,30 @@ async def test_a_burst_of_resets_asks_for_one_health_check():
         await asyncio.sleep(0.05)
         assert len(fake.router.healthy()) == 2
         released(fake)
+
+
+async def test_a_stream_ready_when_the_handler_is_cancelled_is_released():
+    """The reply (a stream that owns a booking and the slot) is ready, but the handler is
+    cancelled before it resumes to send it: the stream must still be cleaned up."""
+    released_by: list[str] = []
+
+    async def cleanup() -> None:
+        released_by.append("cleanup")
+
+    async def empty() -> AsyncIterator[bytes]:
+        yield b""
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()
+        return {}
+
+    request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+
+    async def work() -> UpstreamStream:
+        handler.cancel()  # lands before the handler sees the reply
+        return UpstreamStream(empty(), cleanup)
+
+    handler = asyncio.create_task(unless_client_leaves(request, work()))
+    with pytest.raises(asyncio.CancelledError):
+        await handler
+    assert released_by == ["cleanup"]

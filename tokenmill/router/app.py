@@ -19,7 +19,7 @@ from tokenmill.router.admission import Admission
 from tokenmill.router.auth import APIKeyMiddleware
 from tokenmill.router.health import check_replica, health_loop
 from tokenmill.router.prompts import PromptHasher, RequestKey
-from tokenmill.router.proxy import Proxy, return_headers, upstream_headers
+from tokenmill.router.proxy import Proxy, UpstreamStream, return_headers, upstream_headers
 from tokenmill.router.router import Router
 from tokenmill.router.workers import CPUWorkers
 from tokenmill.server.errors import APIError, error_body
@@ -53,6 +53,12 @@ async def unless_client_leaves(request: Request, work: Awaitable[Response]) -> R
     gone = asyncio.ensure_future(until_disconnect(request))
     try:
         await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled: a reply that is ready will never be sent
+        if task.done() and not task.cancelled() and task.exception() is None:
+            reply = task.result()
+            if isinstance(reply, UpstreamStream):
+                await reply.cleanup()
+        raise
     finally:
         gone.cancel()
         if not task.done():

@@ -71,18 +71,19 @@ def sse_error(message: str, code: str) -> bytes:
 
 
 class UpstreamStream(StreamingResponse):
-    """A StreamingResponse whose cleanup runs even if the client leaves before it starts."""
+    """A StreamingResponse whose cleanup runs even if the client leaves before it starts
+    (or, called directly, if it is never sent)."""
 
     def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]],
                  **kwargs) -> None:  # fmt: skip
         super().__init__(content, **kwargs)
-        self._cleanup = cleanup
+        self.cleanup = cleanup
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self._cleanup()
+            await self.cleanup()
 
 
 class Proxy:
