@@ -59,11 +59,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     prompt = args.prompt
     if args.chat:
-        text = llm.engine.processor.render_chat([{"role": "user", "content": prompt}])
-        prompt = {
-            "prompt": text,
-            "prompt_token_ids": llm.get_tokenizer().encode(text, add_special_tokens=False),
-        }
+        text, ids = llm.engine.processor.render_chat([{"role": "user", "content": prompt}])
+        prompt = {"prompt": text, "prompt_token_ids": ids}
     for piece in stream_text(llm.engine, prompt, params):
         sys.stdout.write(piece)
         sys.stdout.flush()
@@ -75,7 +72,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from tokenmill.engine.llm import LLM
 
     llm = LLM(args.model, **engine_kwargs(args))
-    tok = llm.get_tokenizer()
     params = sampling_params(args)
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     interactive = sys.stdin.isatty()
@@ -97,8 +93,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
             history = history[:1] if args.system else []
             continue
         history.append({"role": "user", "content": line})
-        text = llm.engine.processor.render_chat(history)
-        prompt = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+        text, ids = llm.engine.processor.render_chat(history)
+        prompt = {"prompt": text, "prompt_token_ids": ids}
         reply = []
         try:
             for piece in stream_text(llm.engine, prompt, params):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.structured.spec import StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
+# Dividing logits by a tiny penalty overflows float32 (NaN probabilities).
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,8 @@ class SamplingParams:
         def is_int(v: Any) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
 
-        def is_num(v: Any) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
+        def is_num(v: Any) -> bool:  # finite: NaN and infinities poison a whole batch row
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
         if not is_int(self.n) or self.n < 1:
             fail("n", f"must be an integer >= 1, got {self.n!r}")
@@ -97,14 +100,19 @@ class SamplingParams:
             value = getattr(self, name)
             if not is_num(value) or not -2 <= value <= 2:
                 fail(name, f"must be in [-2, 2], got {value!r}")
-        if not is_num(self.repetition_penalty) or self.repetition_penalty <= 0:
-            fail("repetition_penalty", f"must be > 0, got {self.repetition_penalty!r}")
-        if self.stop is not None and not isinstance(self.stop, str):
-            if not isinstance(self.stop, (list, tuple)) or not all(
-                isinstance(s, str) for s in self.stop
-            ):
+        if not is_num(self.repetition_penalty) or not (
+            MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY
+        ):
+            fail(
+                "repetition_penalty",
+                f"must be in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}], "
+                f"got {self.repetition_penalty!r}",
+            )
+        if self.stop is not None:
+            stops = [self.stop] if isinstance(self.stop, str) else self.stop
+            if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
                 fail("stop", f"must be a string or a list of strings, got {self.stop!r}")
-            if any(s == "" for s in self.stop):
+            if any(s == "" for s in stops):
                 fail("stop", "stop strings must not be empty")
         if self.stop_token_ids is not None and (
             not isinstance(self.stop_token_ids, (list, tuple))

@@ -41,7 +41,7 @@ def test_generated_json_validates(embedded_llm):
     assert len(schemas) >= 10
     prompts, params, meta = [], [], []
     for name, schema in schemas:
-        text = embedded_llm.engine.processor.render_chat(
+        _, ids = embedded_llm.engine.processor.render_chat(
             [
                 {
                     "role": "user",
@@ -51,7 +51,7 @@ def test_generated_json_validates(embedded_llm):
             ]
         )
         for temperature in (0.0, 0.8):
-            prompts.append({"prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+            prompts.append({"prompt_token_ids": ids})
             params.append(
                 SamplingParams(
                     temperature=temperature,

@@ -257,7 +257,7 @@ CASES = [
     ("wrong-method-get-chat", "GET", "/v1/chat/completions", None, None, 405, None),
     ("wrong-method-post-models", "POST", "/v1/models", OK_CHAT, None, 405, None),
     ("unknown-endpoint", "GET", "/v1/engines", None, None, 404, None),
-    ("detokenize-bad-id", "POST", "/detokenize", {"tokens": [-1]}, None, 400, "tokens"),
+    ("detokenize-bad-id", "POST", "/detokenize", {"tokens": [-1]}, None, 400, "tokens.0"),
     ("tokenize-nothing", "POST", "/tokenize", {}, None, 400, "prompt"),
 ]
 

@@ -135,6 +135,6 @@ def test_malformed_call_stays_content():
     cut_late = parse_tool_calls(
         'x <tool_call>{"name": "f", "arguments": {"a": [1, 2'
     )  # max_tokens mid-call
-    assert cut_late.content == "x " and [(c.name, c.arguments) for c in cut_late.tool_calls] == [
-        ("f", '{"a": [1, 2')
-    ]
+    assert cut_late.content == "x " and [
+        (c.name, c.arguments, c.complete, c.valid) for c in cut_late.tool_calls
+    ] == [("f", '{"a": [1, 2', False, False)]

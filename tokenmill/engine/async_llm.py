@@ -1,9 +1,16 @@
 """Asynchronous engine for the server: tokenization and detokenization in this process, the
-engine core in another, outputs fanned out to one queue per request."""
+engine core in another, outputs fanned out to one stream per HTTP request.
+
+Every request of one HTTP call (the prompts of a /v1/completions list) is admitted at once
+or not at all, and their outputs arrive on one OutputStream in engine order. A stream whose
+caller goes away is aborted (its KV blocks are freed); if the engine core dies or the
+output loop fails, every stream ends with EngineDeadError and /health turns 503.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -51,6 +58,63 @@ class StatsObserver(Protocol):
     ) -> None: ...
 
 
+@dataclass
+class GenerationRequest:
+    """One prompt to generate for (n samples of it)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+class OutputStream:
+    """The outputs of the requests of one call, in the order the engine produces them."""
+
+    def __init__(self, engine: AsyncLLM, request_ids: list[str]) -> None:
+        self._engine = engine
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.pending = set(request_ids)  # not finished yet
+
+    @property
+    def finished(self) -> bool:
+        return not self.pending
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if not self.pending:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        if item.finished:
+            self.pending.discard(item.request_id)
+            errors = [c for c in item.outputs if c.finish_reason == "error"]
+            if errors:
+                raise RequestFailedError(
+                    str(errors[0].stop_reason or "the engine failed this request")
+                )
+        return item
+
+    async def final_outputs(self) -> dict[str, RequestOutput]:
+        """Waits for every request to finish; the last output of each."""
+        last: dict[str, RequestOutput] = {}
+        async for out in self:
+            last[out.request_id] = out
+        return last
+
+    def abort(self) -> None:
+        """Stops what is still running (the caller went away or failed). Synchronous, so it
+        also works while the caller's task is being cancelled."""
+        ids, self.pending = list(self.pending), set()
+        for rid in ids:
+            self._engine.abort(rid)
+
+
 class AsyncLLM:
     def __init__(
         self,
@@ -70,16 +134,19 @@ class AsyncLLM:
         self.client = EngineCoreClient(config, log_level)
         self.processor: InputProcessor | None = None
         self.max_model_len = 0
+        self.engine_info: dict = {}
         self.stats = SchedulerStats()
         self.dead_reason: str | None = None
-        self._queues: dict[str, asyncio.Queue] = {}
+        self._streams: dict[str, OutputStream] = {}  # request id -> its call's stream
+        self._num_seqs: dict[str, int] = {}  # request id -> sequences (n) in flight
         self._timing: dict[str, RequestTiming] = {}
         self._tasks: list[asyncio.Task] = []
+        self._to_abort: list[str] = []  # engine-core ids, sent by _abort_sender
+        self._abort_wakeup = asyncio.Event()
         # Bound on sequences in flight (running + waiting); None: unbounded.
         self.max_in_flight = (
             None if max_queue_len is None else config.scheduler_config.max_num_seqs + max_queue_len
         )
-        self._num_sequences = 0
 
     async def start(self) -> None:
         info = await self.client.wait_ready()
@@ -91,6 +158,7 @@ class AsyncLLM:
         self._tasks = [
             asyncio.create_task(self._output_loop()),
             asyncio.create_task(self._monitor()),
+            asyncio.create_task(self._abort_sender()),
         ]
 
     @property
@@ -100,9 +168,50 @@ class AsyncLLM:
     @property
     def num_in_flight(self) -> int:
         """Sequences (samples) in flight: a request with n = 4 counts 4."""
-        return self._num_sequences
+        return sum(self._num_seqs.values())
+
+    def _check_alive(self) -> None:
+        if not self.healthy:
+            raise EngineDeadError(self.dead_reason or "the engine core is not running")
 
     # ------------------------------------------------------------ requests
+
+    async def add_requests(self, requests: list[GenerationRequest]) -> OutputStream:
+        """Admits all the requests or none: ValueError for a bad one, QueueFullError when
+        they do not all fit, EngineDeadError when the engine core is gone."""
+        self._check_alive()
+        assert self.processor is not None, "call start() first"
+        for r in requests:
+            self.processor.validate(r.prompt_token_ids, r.params)
+        wanted = sum(r.params.n for r in requests)
+        if self.max_in_flight is not None and self.num_in_flight + wanted > self.max_in_flight:
+            raise QueueFullError(
+                f"server busy: {self.num_in_flight} sequences in flight, {wanted} more asked "
+                f"(limit {self.max_in_flight})"
+            )
+        stream = OutputStream(self, [r.request_id for r in requests])
+        now = time.monotonic()
+        core_requests = []
+        registered: list[str] = []
+        try:
+            for r in requests:
+                child_ids = self.output_processor.add_request(
+                    r.request_id, r.prompt, r.prompt_token_ids, r.params
+                )
+                registered.append(r.request_id)
+                self._streams[r.request_id] = stream
+                self._num_seqs[r.request_id] = r.params.n
+                self._timing[r.request_id] = RequestTiming(now, len(r.prompt_token_ids))
+                core_requests += self.processor.make_requests(
+                    r.request_id, r.prompt_token_ids, r.params, child_ids, now, r.priority,
+                    r.cache_salt,
+                )  # fmt: skip
+            await self.client.add_requests(core_requests)
+        except BaseException:
+            for rid in registered:
+                self.abort(rid)
+            raise
+        return stream
 
     async def generate(
         self,
@@ -113,69 +222,58 @@ class AsyncLLM:
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        if not self.healthy:
-            raise EngineDeadError(self.dead_reason or "the engine core is not running")
-        assert self.processor is not None, "call start() first"
-        self.processor.validate(prompt_token_ids, params)
-        if self.max_in_flight is not None and self._num_sequences + params.n > self.max_in_flight:
-            raise QueueFullError(
-                f"server busy: {self._num_sequences} sequences in flight (limit {self.max_in_flight})"
-            )
-        child_ids = self.output_processor.add_request(request_id, prompt, prompt_token_ids, params)
-        self._num_sequences += params.n
-        queue: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = queue
-        now = time.monotonic()
-        self._timing[request_id] = RequestTiming(now, len(prompt_token_ids))
-        finished = False
+        """One request's outputs; leaving the loop early aborts it."""
+        stream = await self.add_requests(
+            [GenerationRequest(request_id, prompt_token_ids, params, prompt, priority, cache_salt)]
+        )
         try:
-            await self.client.add_requests(
-                self.processor.make_requests(
-                    request_id, prompt_token_ids, params, child_ids, now, priority, cache_salt
-                )
-            )
-            while True:
-                item = await queue.get()
-                if isinstance(item, Exception):
-                    raise item
-                if item.finished:
-                    finished = True
-                    errors = [c for c in item.outputs if c.finish_reason == "error"]
-                    if errors:
-                        raise RequestFailedError(
-                            str(errors[0].stop_reason or "the engine failed this request")
-                        )
-                yield item
-                if finished:
-                    return
+            async for out in stream:
+                yield out
         finally:
-            self._num_sequences -= params.n
-            self._queues.pop(request_id, None)
-            self._timing.pop(request_id, None)
-            if not finished:  # cancelled (client gone) or failed: free its KV blocks now
-                await self._abort(request_id)
+            if not stream.finished:
+                stream.abort()
 
-    async def abort(self, request_id: str) -> None:
-        queue = self._queues.get(request_id)
-        await self._abort(request_id)
-        if queue is not None:
-            queue.put_nowait(asyncio.CancelledError())
+    def abort(self, request_id: str) -> None:
+        """Frees the request everywhere; safe to call twice or for a finished request."""
+        self._release(request_id)
+        self._abort_core(self.output_processor.abort_request(request_id))
 
-    async def _abort(self, request_id: str) -> None:
-        ids = self.output_processor.abort_request(request_id)
-        if ids and self.healthy:
-            await self.client.abort(ids)
+    def _abort_core(self, core_ids: list[str]) -> None:
+        if core_ids:
+            self._to_abort += core_ids
+            self._abort_wakeup.set()
+
+    async def _abort_sender(self) -> None:
+        while True:
+            await self._abort_wakeup.wait()
+            self._abort_wakeup.clear()
+            ids, self._to_abort = self._to_abort, []
+            if ids and self.healthy:
+                with contextlib.suppress(EngineDeadError):  # a dead core holds nothing
+                    await self.client.abort(ids)
+
+    def _release(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self._num_seqs.pop(request_id, None)
+        self._timing.pop(request_id, None)
 
     async def call_utility(self, method: str, *args):
+        self._check_alive()
         return await self.client.call(method, *args)
 
     # ------------------------------------------------------------ background tasks
 
     async def _output_loop(self) -> None:
-        while True:
-            outs = await self.client.recv()
-            if outs is not None:
-                await self._process(outs)
+        try:
+            while True:
+                outs = await self.client.recv()
+                if outs is not None:
+                    await self._process(outs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug here must not leave every request waiting forever
+            logger.exception("the output loop failed")
+            self._fail_all(f"the output loop failed: {type(e).__name__}: {e}")
 
     async def _process(self, outs: EngineCoreOutputs) -> None:
         self.stats = outs.stats
@@ -198,27 +296,38 @@ class AsyncLLM:
                     timing.last_token = now
                     timing.num_generated += n
         results, to_abort = self.output_processor.process_outputs(outs.outputs)
-        if to_abort:
-            await self.client.abort(to_abort)
         for result in results:
-            queue = self._queues.get(result.request_id)
-            if result.finished and self.observer and result.request_id in self._timing:
-                self.observer.on_finished(
-                    self._timing[result.request_id], [c.finish_reason for c in result.outputs], now
-                )
-            if queue is not None:
-                queue.put_nowait(result)
+            rid = result.request_id
+            stream = self._streams.get(rid)
+            if result.finished:
+                if self.observer and rid in self._timing:
+                    reasons = [c.finish_reason for c in result.outputs]
+                    self.observer.on_finished(self._timing[rid], reasons, now)
+                self._release(rid)
+            if stream is not None:
+                stream._queue.put_nowait(result)
+        self._abort_core(to_abort)
 
     async def _monitor(self) -> None:
-        while self.client.alive:
+        while self.client.alive and self.dead_reason is None:
             await asyncio.sleep(0.2)
-        code = self.client.proc.exitcode
-        self.dead_reason = f"the engine core process exited (code {code})"
-        logger.error("%s; failing %d in-flight requests", self.dead_reason, len(self._queues))
-        error = EngineDeadError(self.dead_reason)
-        for queue in self._queues.values():
-            queue.put_nowait(error)
+        if self.dead_reason is None:
+            self._fail_all(f"the engine core process exited (code {self.client.proc.exitcode})")
+
+    def _fail_all(self, reason: str) -> None:
+        """The engine cannot serve any more: every request in flight ends with an error."""
+        self.dead_reason = reason
+        logger.error("%s; failing %d in-flight requests", reason, len(self._streams))
+        error = EngineDeadError(reason)
+        for stream in {id(s): s for s in self._streams.values()}.values():
+            stream._queue.put_nowait(error)
+        for rid in list(self._streams):
+            self._release(rid)
+            self.output_processor.abort_request(rid)
         self.client.fail_pending_calls(error)
+        self.stats = SchedulerStats()
+        if self.observer:
+            self.observer.on_scheduler_stats(self.stats)
 
     async def shutdown(self) -> None:
         for task in self._tasks:

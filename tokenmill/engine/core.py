@@ -9,13 +9,14 @@ import time
 
 import torch
 
-from tokenmill.config import EngineConfig
+from tokenmill.config import EngineConfig, SchedulerConfig
 from tokenmill.engine.core_types import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     SchedulerStats,
 )
+from tokenmill.inputs.validation import validate_params, validate_prompt
 from tokenmill.kv.events import KVEventCollector, KVEventPublisher
 from tokenmill.kv.manager import KVCacheManager, cdiv
 from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
@@ -24,8 +25,8 @@ from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.loader import ModelFiles, load_model_files
 from tokenmill.request import Request, RequestStatus
 from tokenmill.sampling_params import RepetitionDetection
-from tokenmill.scheduler.scheduler import Scheduler
-from tokenmill.structured.closing import token_starts
+from tokenmill.scheduler.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tokenmill.structured.closing import char_tokens, token_starts
 from tokenmill.structured.grammar import GrammarCompiler
 from tokenmill.structured.loops import RepetitionDetector
 from tokenmill.worker.model_runner import ModelRunner, kv_bytes_per_block
@@ -37,17 +38,34 @@ class QueueFullError(RuntimeError):
     """The waiting queue is at its configured bound; the caller should retry later."""
 
 
-def validate_prompt(prompt_token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
-    if not prompt_token_ids:
-        raise ValueError("prompt: must not be empty")
-    if len(prompt_token_ids) >= max_model_len:
+def check_schedulable(config: SchedulerConfig, max_model_len: int) -> None:
+    """Without chunked prefill a prompt is scheduled whole: the budget must hold any prompt."""
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len:
         raise ValueError(
-            f"prompt: {len(prompt_token_ids)} tokens do not fit the context length of {max_model_len} tokens "
-            "(at least one token must remain for the output)"
+            f"max_num_batched_tokens: {config.max_num_batched_tokens} is below the context "
+            f"length {max_model_len}, so with chunked prefill off a long prompt could never "
+            "be scheduled: raise --max-num-batched-tokens, lower --max-model-len or keep "
+            "chunked prefill on"
         )
-    bad = next((t for t in prompt_token_ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+class _SamplingState:
+    """What one step changes on a request before its outputs are applied (restored when
+    the step is re-run to isolate a failure)."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        gen = request.generator
+        self.generator_state = gen.get_state() if gen is not None else None
+        self.banned_next = list(request.banned_next)
+        self.prompt_logprobs_upto = request.prompt_logprobs_upto
+
+    def restore(self) -> None:
+        r = self.request
+        if self.generator_state is not None and r.generator is not None:
+            r.generator.set_state(self.generator_state)
+        r.banned_next = list(self.banned_next)
+        r.prompt_logprobs_upto = self.prompt_logprobs_upto
 
 
 class EngineCore:
@@ -78,6 +96,7 @@ class EngineCore:
         )
         # A sequence can never grow beyond what the whole pool holds.
         self.max_model_len = min(model_len, num_blocks * cache.block_size)
+        check_schedulable(config.scheduler_config, self.max_model_len)
         self.vocab_size = arch.vocab_size
         self.runner = ModelRunner(
             self.model, num_blocks, cache.block_size, kv_dtype=kv_dtype, device=config.device
@@ -145,6 +164,7 @@ class EngineCore:
 
     def add_request(self, req: EngineCoreRequest) -> None:
         validate_prompt(req.prompt_token_ids, self.vocab_size, self.max_model_len)
+        validate_params(req.sampling_params, self.vocab_size)
         bound = self.config.scheduler_config.max_waiting_requests
         if bound is not None and self.scheduler.num_waiting >= bound:
             raise QueueFullError(f"the waiting queue is full ({bound} requests)")
@@ -177,9 +197,9 @@ class EngineCore:
             self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size)
             sampler = self.runner.sampler
             n = min(self.vocab_size, self.tokenizer.vocab_size)
-            sampler.closers = token_starts(
-                [self.tokenizer.decode([t], skip_special_tokens=False) for t in range(n)]
-            )
+            texts = [self.tokenizer.decode([t], skip_special_tokens=False) for t in range(n)]
+            sampler.closers = token_starts(texts)
+            sampler.char_tokens = char_tokens(texts)
             sampler.eos_ids = torch.tensor(
                 [t for t in self.tokenizer.eos_token_ids if t < self.vocab_size]
             )
@@ -228,17 +248,51 @@ class EngineCore:
         for sr in sched.scheduled:
             if sr.request.first_scheduled_time is None:
                 sr.request.first_scheduled_time = now
+        result, failures = self._execute_isolated(sched)
+        outs = []
+        for request, reason in failures:
+            # A fault in the forward pass or sampling fails the request(s) that caused it,
+            # not the batch and not the engine.
+            if self.scheduler.finish_requests([request.request_id], RequestStatus.FINISHED_ERROR):
+                outs.append(
+                    EngineCoreOutput(
+                        request.request_id, [], finish_reason="error", stop_reason=reason
+                    )
+                )
+        outs += self.scheduler.update_from_output(sched, result)
+        return EngineCoreOutputs(outs, self.stats())
+
+    def _execute_isolated(
+        self, sched: SchedulerOutput
+    ) -> tuple[ModelRunnerOutput, list[tuple[Request, str]]]:
+        """Runs the step; if it raises, runs each half again (recursively) so that only the
+        requests that fail on their own are failed. Re-running is exact: KV writes of the
+        same positions are idempotent and per-request sampling state is restored first."""
+        saved = [_SamplingState(sr.request) for sr in sched.scheduled]
         try:
-            result = self.runner.execute_model(sched)
-        except Exception:
-            # A fault in the forward pass fails the requests of this step, not the engine.
-            logger.exception("model execution failed; failing %d requests", len(sched.scheduled))
-            ids = [sr.request.request_id for sr in sched.scheduled]
-            failed = self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ERROR)
-            outs = [EngineCoreOutput(r.request_id, [], finish_reason="error") for r in failed]
-            return EngineCoreOutputs(outs, self.stats())
-        outputs = self.scheduler.update_from_output(sched, result)
-        return EngineCoreOutputs(outputs, self.stats())
+            return self.runner.execute_model(sched), []
+        except Exception as e:
+            for state in saved:
+                state.restore()
+            if len(sched.scheduled) == 1:
+                request = sched.scheduled[0].request
+                logger.exception("request %s failed in the engine", request.request_id)
+                return ModelRunnerOutput({}, {}, {}), [(request, f"{type(e).__name__}: {e}")]
+            logger.warning(
+                "a step of %d requests failed (%s: %s); isolating the cause",
+                len(sched.scheduled), type(e).__name__, e,
+            )  # fmt: skip
+        half = len(sched.scheduled) // 2
+        merged = ModelRunnerOutput({}, {}, {})
+        failures: list[tuple[Request, str]] = []
+        for part in (sched.scheduled[:half], sched.scheduled[half:]):
+            sub = SchedulerOutput(part, sum(sr.num_new_tokens for sr in part))
+            result, failed = self._execute_isolated(sub)
+            merged.sampled_token_ids.update(result.sampled_token_ids)
+            merged.logprobs.update(result.logprobs)
+            merged.prompt_logprobs.update(result.prompt_logprobs)
+            failures += failed
+        return merged, failures
 
     def check_invariants(self) -> None:
         """Block accounting: free + used = total, and requests hold exactly the used refs."""

@@ -20,6 +20,8 @@ from tokenmill.engine.serialization import decode_outputs, encode_request, pack,
 
 logger = logging.getLogger(__name__)
 
+_SEND_TIMEOUT_S = 10.0
+
 
 class EngineDeadError(RuntimeError):
     """The engine-core process is gone; in-flight and new requests fail."""
@@ -65,22 +67,46 @@ class EngineCoreClient:
                 )
         raise EngineDeadError("engine core did not become ready in time")
 
+    async def _send(self, frames: list[bytes], timeout: float = _SEND_TIMEOUT_S) -> None:
+        """Sends one message; a core that cannot take it (dead, wedged) is an EngineDeadError,
+        never a send that waits forever."""
+        if not self.alive:
+            raise EngineDeadError(
+                f"the engine core is not running (exit code {self.proc.exitcode})"
+            )
+        try:
+            await asyncio.wait_for(self.input.send_multipart(frames), timeout)
+        except TimeoutError:
+            raise EngineDeadError(
+                f"the engine core did not take a message in {timeout} s"
+            ) from None
+
     async def add_requests(self, reqs: list[EngineCoreRequest]) -> None:
+        # The id travels in a frame of its own: the core can answer even an undecodable request.
         for req in reqs:
-            await self.input.send_multipart([b"ADD", encode_request(req)])
+            await self._send([b"ADD", req.request_id.encode(), encode_request(req)])
 
     async def abort(self, request_ids: list[str]) -> None:
         if request_ids and self.alive:
-            await self.input.send_multipart([b"ABORT", pack(request_ids)])
+            await self._send([b"ABORT", pack(request_ids)])
 
     async def call(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
-        """A utility call answered by the core loop (results come back through recv())."""
+        """A utility call answered by the core loop (results come back through recv()); the
+        timeout covers the send as well as the answer."""
         call_id = next(self._call_ids)
         fut = asyncio.get_running_loop().create_future()
         self._calls[call_id] = fut
-        await self.input.send_multipart([b"UTIL", pack([call_id, method, list(args)])])
+
+        async def roundtrip() -> Any:
+            await self._send([b"UTIL", pack([call_id, method, list(args)])], timeout)
+            return await fut
+
         try:
-            return await asyncio.wait_for(fut, timeout)
+            return await asyncio.wait_for(roundtrip(), timeout)
+        except TimeoutError:
+            raise EngineDeadError(
+                f"the engine core did not answer {method!r} in {timeout} s"
+            ) from None
         finally:
             self._calls.pop(call_id, None)
 

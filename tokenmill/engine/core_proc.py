@@ -1,16 +1,21 @@
 """The engine core in its own process, driven over ZMQ (PUSH/PULL, msgpack frames).
 
-Input frames:  [b"ADD", request] · [b"ABORT", ids] · [b"UTIL", [call_id, method, args]]
+Input frames:  [b"ADD", request id, request] · [b"ABORT", ids] · [b"UTIL", [call_id, method, args]]
 Output frames: [b"READY", info] · [b"OUT", outputs] · [b"UTIL", [call_id, ok, result]] · [b"ERROR", text]
-The loop steps while there is work and blocks on its input socket when idle.
+The loop steps while there is work and blocks on its input socket when idle. No request
+is dropped silently: one that cannot be decoded or admitted is answered as failed. The
+process exits when its parent (the API process) dies, so no orphan keeps the model and the
+KV-event ports.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -76,20 +81,13 @@ class EngineCoreProc:
     def _handle(self, frames: list[bytes]) -> bool:
         kind, payload = frames[0], frames[-1]
         if kind == b"ADD":
-            try:
-                req = decode_request(payload)
-            except Exception:  # a protocol bug must not take the engine down
-                logger.exception("undecodable request frame dropped")
-                return True
-            try:
-                self.core.add_request(req)
-            except (ValueError, QueueFullError) as e:
-                # The API validates first; this is the last line. Reply as a finished request.
-                self.rejected.append(
-                    EngineCoreOutput(req.request_id, [], finish_reason="error", stop_reason=str(e))
-                )
+            self._add(frames)
         elif kind == b"ABORT":
-            self.core.abort_requests(unpack(payload))
+            try:
+                ids = unpack(payload)
+                self.core.abort_requests([i for i in ids if isinstance(i, str)])
+            except Exception:  # a protocol bug must not take the engine down
+                logger.exception("bad abort frame ignored")
         elif kind == b"UTIL":
             call_id, method, args = unpack(payload)
             try:
@@ -102,6 +100,28 @@ class EngineCoreProc:
         elif kind == b"SHUTDOWN":
             return False
         return True
+
+    def _add(self, frames: list[bytes]) -> None:
+        request_id = frames[1].decode("utf-8", "replace") if len(frames) == 3 else None
+        try:
+            req = decode_request(frames[-1])
+            if request_id is not None and req.request_id != request_id:
+                raise ValueError("request id frame does not match the request")
+            self.core.add_request(req)
+        except (ValueError, QueueFullError) as e:
+            # The API validates first; this is the last line. Reply as a finished request.
+            self._reject(request_id, str(e))
+        except Exception as e:  # a protocol bug must not take the engine down
+            logger.exception("request %s could not be added", request_id)
+            self._reject(request_id, f"{type(e).__name__}: {e}")
+
+    def _reject(self, request_id: str | None, reason: str) -> None:
+        if request_id is None:
+            logger.error("a request frame without an id was dropped: %s", reason)
+            return
+        self.rejected.append(
+            EngineCoreOutput(request_id, [], finish_reason="error", stop_reason=reason)
+        )
 
     def _utility(self, method: str, args: list[Any]) -> Any:
         if method == "ping":
@@ -126,6 +146,28 @@ class EngineCoreProc:
         raise ValueError(f"unknown utility method {method!r}")
 
 
+def exit_with_parent() -> None:
+    """Ends this process when the process that started it dies: the kernel signals it
+    (Linux), and a watchdog thread checks the parent id elsewhere or if that is missed."""
+    parent = os.getppid()
+    try:
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                logger.error("the API process is gone: exiting")
+                os._exit(1)
+            time.sleep(1.0)
+
+    if os.getppid() != parent:  # died before prctl took effect
+        os._exit(1)
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
 def run_engine_core(
     config: EngineConfig, input_addr: str, output_addr: str, log_level: str = "INFO"
 ) -> None:
@@ -135,6 +177,7 @@ def run_engine_core(
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when to stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: KV event sockets close
+    exit_with_parent()
     proc = None
     try:
         core = EngineCore(config)

@@ -56,15 +56,12 @@ class LLM:
         use_progress: bool = False,
     ) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        tok = self.engine.tokenizer
         prompts: list[PromptType] = []
         for conv in conversations:
-            text = self.engine.processor.render_chat(
+            text, ids = self.engine.processor.render_chat(
                 conv, add_generation_prompt, tools, chat_template_kwargs
             )  # type: ignore[arg-type]
-            prompts.append(
-                {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
-            )
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_progress=use_progress)
 
     def _run(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenmill.engine.core import validate_prompt
 from tokenmill.engine.core_types import EngineCoreRequest
+from tokenmill.inputs.chat import render_chat
+from tokenmill.inputs.prompts import tokenize_prompt
+from tokenmill.inputs.validation import validate_params, validate_prompt
 from tokenmill.model.chat_template import ChatTemplate
 from tokenmill.model.tokenizer import Tokenizer
 from tokenmill.sampling_params import SamplingParams
@@ -24,25 +26,7 @@ class InputProcessor:
         self.vocab_size = vocab_size
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                ids = prompt["prompt_token_ids"]
-                if not isinstance(ids, list) or not all(
-                    isinstance(t, int) and not isinstance(t, bool) for t in ids
-                ):
-                    raise ValueError("prompt_token_ids: must be a list of integers")
-                return prompt.get("prompt"), list(ids)
-            if isinstance(prompt.get("prompt"), str):
-                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
-        if isinstance(prompt, list) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            return None, list(prompt)
-        raise ValueError(
-            f"prompt: must be a string, a list of token ids or a dict, got {type(prompt).__name__}"
-        )
+        return tokenize_prompt(prompt, self.tokenizer)
 
     def render_chat(
         self,
@@ -50,11 +34,15 @@ class InputProcessor:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("messages: must be a non-empty list")
-        return self.chat_template.render(
-            messages, add_generation_prompt, tools, **(chat_template_kwargs or {})
+    ) -> tuple[str, list[int]]:
+        """(prompt text, token ids); message text stays text (see inputs/chat.py)."""
+        return render_chat(
+            self.chat_template,
+            self.tokenizer,
+            messages,
+            tools,
+            add_generation_prompt,
+            chat_template_kwargs=chat_template_kwargs,
         )
 
     def make_requests(
@@ -82,14 +70,4 @@ class InputProcessor:
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
-        bad = [t for t in params.stop_token_ids or () if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"stop_token_ids: {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
-            )
-        if params.logit_bias:
-            bad = [t for t in params.logit_bias if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(
-                    f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
-                )
+        validate_params(params, self.vocab_size)

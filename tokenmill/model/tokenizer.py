@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -19,6 +21,9 @@ _QWEN2_PATTERN = (
 )
 # GGUF token types
 _CONTROL, _USER_DEFINED = 3, 4
+# Longer texts are encoded through encode_batch, which releases the GIL (encode holds it:
+# a multi-MB prompt would stall every other thread of the process).
+_GIL_FREE_CHARS = 4096
 
 
 @dataclass
@@ -44,7 +49,7 @@ class Tokenizer:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        ids = _encode(self.hf, text, add_special_tokens)
         if (
             add_special_tokens
             and self.add_bos_token
@@ -54,11 +59,38 @@ class Tokenizer:
             ids = [self.bos_token_id, *ids]
         return ids
 
+    def encode_as_text(self, text: str) -> list[int]:
+        """Encodes text in which special-token strings are plain text (no control tokens)."""
+        return _encode(self._plain_hf, text, False)
+
+    @cached_property
+    def _plain_hf(self) -> HFTokenizer:
+        plain = HFTokenizer.from_str(self.hf.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
+    @cached_property
+    def special_tokens(self) -> dict[str, int]:
+        """Control-token strings (the ones a chat template uses) -> ids."""
+        return {t.content: i for i, t in self.hf.get_added_tokens_decoder().items() if t.special}
+
+    @cached_property
+    def special_token_pattern(self) -> re.Pattern[str] | None:
+        """Matches any control-token string (longest first); None if there are none."""
+        names = sorted(self.special_tokens, key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, names))) if names else None
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.hf.id_to_token(token_id)
+
+
+def _encode(hf: HFTokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    if len(text) > _GIL_FREE_CHARS:
+        return hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+    return hf.encode(text, add_special_tokens=add_special_tokens).ids
 
 
 def _gpt2_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 import tokenmill
 from tokenmill.router.admission import Admission
-from tokenmill.router.auth import APIKeyMiddleware
+from tokenmill.router.auth import APIKeyMiddleware, open_paths
 from tokenmill.router.health import check_replica, health_loop
 from tokenmill.router.prompts import PromptHasher, RequestKey
 from tokenmill.router.proxy import Proxy, UpstreamStream, return_headers, upstream_headers
@@ -136,7 +136,9 @@ def build_router_app(
     app = FastAPI(title="tokenmill router", version=tokenmill.__version__, lifespan=lifespan)
     app.state.router = router
     if api_key is not None:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key, protect_metrics=protect_metrics)
+        app.add_middleware(
+            APIKeyMiddleware, api_key=api_key, open_paths=open_paths(protect_metrics)
+        )
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError):

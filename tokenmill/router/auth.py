@@ -1,72 +1,15 @@
-"""The router's API key: `Authorization: Bearer KEY` on everything but /health, /version
-and (unless protected too) /metrics. Deny by default, so a new endpoint is never open by
-mistake. The key comes from --api-key, --api-key-file or $TOKENMILL_API_KEY (the last two
-keep it out of `ps`)."""
+"""The router's API key: the server's mechanism (tokenmill/server/auth.py: deny by default,
+constant-time comparison, key from flag, file or $TOKENMILL_API_KEY) with the router's open
+paths: /health and /version, and /metrics unless --protect-metrics."""
 
 from __future__ import annotations
 
-import hmac
-import json
-import os
-from collections.abc import Mapping
-from pathlib import Path
+from tokenmill.server.auth import API_KEY_ENV, APIKeyMiddleware, bearer_matches, resolve_api_key
 
-from tokenmill.server.errors import error_body
-
-API_KEY_ENV = "TOKENMILL_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/version"})
 
-
-def resolve_api_key(
-    key: str | None, key_file: str | None, env: Mapping[str, str] = os.environ
-) -> str | None:
-    if key is not None and key_file is not None:
-        raise ValueError("api-key: give --api-key or --api-key-file, not both")
-    source = "api-key"
-    if key_file is not None:
-        key, source = Path(key_file).read_text().strip(), "api-key-file"
-    elif key is None:
-        key, source = env.get(API_KEY_ENV), API_KEY_ENV
-        if key is None:
-            return None
-    if not key or key != key.strip():
-        raise ValueError(f"{source}: the key must not be empty or padded with spaces")
-    return key
+__all__ = ["API_KEY_ENV", "APIKeyMiddleware", "bearer_matches", "open_paths", "resolve_api_key"]
 
 
-def bearer_matches(header: bytes, key: bytes) -> bool:
-    """Constant-time comparison of the token (timing tells nothing about the key)."""
-    scheme, _, token = header.partition(b" ")
-    return scheme.lower() == b"bearer" and hmac.compare_digest(token, key)
-
-
-_UNAUTHORIZED = json.dumps(
-    error_body("Incorrect or missing API key.", "invalid_request_error", None, "invalid_api_key")
-).encode()
-
-
-class APIKeyMiddleware:
-    """Pure ASGI, so streams and disconnects pass through untouched."""
-
-    def __init__(self, app, api_key: str, protect_metrics: bool = False) -> None:
-        self.app = app
-        self.key = api_key.encode()
-        self.open = OPEN_PATHS if protect_metrics else OPEN_PATHS | {"/metrics"}
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] not in self.open:
-            header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not bearer_matches(header, self.key):
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b"Bearer"),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": _UNAUTHORIZED})
-                return
-        await self.app(scope, receive, send)
+def open_paths(protect_metrics: bool) -> frozenset[str]:
+    return OPEN_PATHS if protect_metrics else OPEN_PATHS | {"/metrics"}

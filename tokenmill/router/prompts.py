@@ -1,16 +1,18 @@
 """A request's token ids and block hashes, computed exactly as the engine computes them:
-the same tokenizer and chat template (the server's own `render_prompt`), the same chained
-hash with the request's `cache_salt`, for each block size the replicas use."""
+the same tokenizer and chat template (the server's own `render_chat_request` and
+`tokenize_prompts`), the same chained hash with the request's `cache_salt`, for each block
+size the replicas use."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from pydantic import ValidationError
 
+from tokenmill.inputs.prompts import tokenize_prompts
 from tokenmill.kv.hashing import block_hashes, external_hash
+from tokenmill.server.chat_prompt import render_chat_request
 from tokenmill.server.errors import APIError
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -41,10 +43,6 @@ class PromptHasher:
     def __init__(self, tokenizer: Any, chat_template: Any) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
-        # what serving_chat.render_prompt reads from the server state
-        self._state = SimpleNamespace(
-            engine=SimpleNamespace(tokenizer=tokenizer, chat_template=chat_template)
-        )
 
     @classmethod
     def from_model(cls, model: str | None) -> PromptHasher:
@@ -63,26 +61,14 @@ class PromptHasher:
             raise ValueError(str(e)) from e
 
     def _chat(self, body: dict[str, Any], session: str | None) -> RequestKey:
-        from tokenmill.server.serving_chat import render_prompt
-
         req = ChatCompletionRequest.model_validate(body)
-        _, ids = render_prompt(self._state, req)  # type: ignore[arg-type]
+        _, ids = render_chat_request(req, self.tokenizer, self.chat_template)
         n = req.n or 1
         return RequestKey(tuple(ids), len(ids) * n, n, req.cache_salt, session or req.user)
 
     def _completion(self, body: dict[str, Any], session: str | None) -> RequestKey:
         req = CompletionRequest.model_validate(body)
-        prompt = req.prompt
-        if isinstance(prompt, str):
-            prompts = [self.tokenizer.encode(prompt)]
-        elif prompt and isinstance(prompt[0], int):
-            prompts = [list(prompt)]
-        elif prompt and isinstance(prompt[0], str):
-            prompts = [self.tokenizer.encode(p) for p in prompt]  # type: ignore[union-attr]
-        else:
-            prompts = [list(p) for p in prompt]  # type: ignore[union-attr]
-        if not prompts or not prompts[0]:
-            raise ValueError("prompt: must not be empty")
+        prompts = [ids for _, ids in tokenize_prompts(req.prompt, self.tokenizer)]
         n = req.n or 1
         total = sum(len(p) for p in prompts) * n
         return RequestKey(

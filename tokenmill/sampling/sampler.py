@@ -9,7 +9,7 @@ import torch
 
 from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.penalties import apply_penalties
-from tokenmill.structured.closing import EOS, next_closer
+from tokenmill.structured.closing import EOS, next_closer, path_to_close
 from tokenmill.structured.grammar import allowed_mask
 
 
@@ -90,6 +90,7 @@ class Sampler:
         # Set by the engine once constrained requests exist: the tokens that close structure
         # (by first character) and the end-of-sequence tokens, plus a decoder for the rows.
         self.closers: dict[str, torch.Tensor] | None = None
+        self.char_tokens: dict[str, int] = {}  # single-character tokens (path_to_close)
         self.eos_ids: torch.Tensor | None = None
         self.decode = None
 
@@ -141,6 +142,10 @@ class Sampler:
                 preferred = torch.zeros_like(allowed[r])
                 preferred[ids] = True
                 preferred &= allowed[r]
+                if not preferred.any() and want == '"':  # the string cannot end yet
+                    step = path_to_close(meta.grammars[row], self.char_tokens, want)
+                    if step is not None:
+                        preferred[step] = True
                 if preferred.any():
                     allowed[r] = preferred
         constrained = logits[rows].masked_fill(~allowed, float("-inf"))

@@ -224,6 +224,7 @@ class Scheduler:
                     "request %s: token %d rejected by its grammar", request.request_id, token
                 )
             grammar_done = request.grammar.is_stopped()
+        at_length = num_out >= request.max_tokens or request.num_tokens >= self.max_model_len
         if token in request.stop_token_ids and num_out >= request.sampling_params.min_tokens:
             request.status = RequestStatus.FINISHED_STOPPED
             request.stop_reason = None if token in request.eos_token_ids else token
@@ -235,8 +236,10 @@ class Scheduler:
             # like a stop token, a cut waits for min_tokens (benchmarks ask for exact lengths)
             and (request.grammar is not None or num_out >= request.sampling_params.min_tokens)
         ):
-            if request.grammar is not None and (
-                request.loop_breaks < _MAX_LOOP_BREAKS or not request.closing
+            if (
+                request.grammar is not None
+                and not at_length
+                and (request.loop_breaks < _MAX_LOOP_BREAKS or not request.closing)
             ):
                 # Constrained output must stay complete: break the loop instead of cutting it,
                 # by banning the token that would continue the cycle; then start closing.
@@ -245,10 +248,17 @@ class Scheduler:
                 request.closing = request.loop_breaks >= _MAX_LOOP_BREAKS
                 request.repetition.reset()
                 return False
-            request.status = RequestStatus.FINISHED_STOPPED
+            # Cut off. Constrained output that is not a complete document says so: "length",
+            # never "stop" on output that does not parse.
+            incomplete = request.grammar is not None and not request.grammar.is_accepting()
+            request.status = (
+                RequestStatus.FINISHED_LENGTH_CAPPED
+                if incomplete
+                else RequestStatus.FINISHED_STOPPED
+            )
             request.stop_reason = "repetition"
             self.num_repetition_cutoffs += 1
-        elif num_out >= request.max_tokens or request.num_tokens >= self.max_model_len:
+        elif at_length:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         else:
             if request.grammar is not None and not request.closing:

@@ -1,9 +1,9 @@
-"""The OpenAI-compatible HTTP API (FastAPI). Bodies are parsed by hand so that every client
-mistake — bad JSON, wrong content type, wrong types — gets a 4xx in the OpenAI envelope."""
+"""The OpenAI-compatible HTTP API (FastAPI). Bodies are parsed by hand (server/body.py) so
+that every client mistake — bad JSON, wrong content type, wrong types — gets a 4xx in the
+OpenAI envelope; the OpenAPI document still describes every request body."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -13,13 +13,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import tokenmill
 from tokenmill.engine.async_llm import AsyncLLM
-from tokenmill.model.chat_template import ChatTemplateError
+from tokenmill.server.auth import APIKeyMiddleware
+from tokenmill.server.body import parse_body, validation_error
 from tokenmill.server.errors import APIError, bad_request, error_body
+from tokenmill.server.openapi import add_request_bodies
 from tokenmill.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -28,72 +29,25 @@ from tokenmill.server.protocol import (
 )
 from tokenmill.server.serving_chat import create_chat_completion, render_prompt
 from tokenmill.server.serving_completion import create_completion
-from tokenmill.server.state import ServerState
+from tokenmill.server.state import ServerSettings, ServerState, engine_error, off_loop
+from tokenmill.server.tokenizer_info import tokenizer_info
 
 logger = logging.getLogger(__name__)
 
-# Paths that need the API key when one is set (health, metrics and version stay open).
-_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache")
+REQUEST_BODIES = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
+}
 
 
-def _param_from_loc(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body",)]
-    # drop pydantic's union-branch tags (e.g. "str", "list[int]")
-    return ".".join(
-        p
-        for p in parts
-        if not any(c in p for c in "[]") and p not in ("str", "int", "float", "bool")
-    )
+class RequestIdMiddleware:
+    """Pure ASGI (streaming and disconnects pass through untouched): assigns the request id
+    and echoes it as X-Request-Id."""
 
-
-def _validation_error(err: ValidationError | RequestValidationError) -> APIError:
-    first = err.errors()[0]
-    param = _param_from_loc(tuple(first.get("loc", ())))
-    msg = first.get("msg", "invalid value")
-    return bad_request(f"{param}: {msg}" if param else msg, param=param or None)
-
-
-async def parse_body(request: Request, model: type[BaseModel], max_bytes: int) -> Any:
-    content_type = request.headers.get("content-type", "")
-    if "application/json" not in content_type.lower():
-        raise APIError(
-            415,
-            f"Content-Type must be application/json, got {content_type or 'none'!r}",
-            "invalid_request_error",
-        )
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > max_bytes:
-        raise APIError(
-            413,
-            f"request body of {length} bytes exceeds the limit of {max_bytes}",
-            "invalid_request_error",
-        )
-    body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > max_bytes:
-            raise APIError(
-                413, f"request body exceeds the limit of {max_bytes} bytes", "invalid_request_error"
-            )
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"the body is not valid JSON: {e}") from e
-    if not isinstance(data, dict):
-        raise bad_request("the body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise _validation_error(e) from e
-
-
-class RequestContextMiddleware:
-    """Pure ASGI (streaming and disconnects pass through untouched): assigns the request id,
-    echoes it as X-Request-Id, and checks the API key."""
-
-    def __init__(self, app, api_key: str | None) -> None:
+    def __init__(self, app) -> None:
         self.app = app
-        self.api_key = api_key
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -102,28 +56,6 @@ class RequestContextMiddleware:
         request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:200] or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         rid_header = (b"x-request-id", request_id.encode("latin-1"))
-
-        authorized = (
-            headers.get(b"authorization", b"").decode("latin-1") == f"Bearer {self.api_key}"
-        )
-        if self.api_key and scope["path"].startswith(_PROTECTED_PREFIXES) and not authorized:
-            body = json.dumps(
-                error_body(
-                    "Incorrect or missing API key.",
-                    "invalid_request_error",
-                    None,
-                    "invalid_api_key",
-                )
-            ).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [(b"content-type", b"application/json"), rid_header],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
-            return None
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
@@ -136,28 +68,39 @@ class RequestContextMiddleware:
         return await self.app(scope, receive, send_with_id)
 
 
-def build_app(engine: AsyncLLM, served_model_names: list[str], metrics, api_key: str | None = None,
-              max_body_bytes: int = 4 * 1024 * 1024) -> FastAPI:  # fmt: skip
-    state = ServerState(engine, served_model_names, metrics, api_key, max_body_bytes)
+def build_app(
+    engine: AsyncLLM,
+    served_model_names: list[str],
+    metrics,
+    settings: ServerSettings | None = None,
+) -> FastAPI:
+    settings = settings or ServerSettings()
+    state = ServerState(engine, served_model_names, metrics, settings)
+    max_body_bytes = settings.max_body_bytes
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         state.draining = True
         await engine.shutdown()
+        if state._compiler is not None:
+            state._compiler.close()
 
     app = FastAPI(title="tokenmill", version=tokenmill.__version__, lifespan=lifespan)
     app.state.tm = state
-
-    app.add_middleware(RequestContextMiddleware, api_key=api_key)
+    if settings.api_key:
+        app.add_middleware(
+            APIKeyMiddleware, api_key=settings.api_key, open_paths=settings.open_paths
+        )
+    app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError):
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_request: Request, exc: RequestValidationError):
-        return _validation_error(exc).response()
+    async def request_validation_error(_request: Request, exc: RequestValidationError):
+        return validation_error(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException):
@@ -256,12 +199,9 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], metrics, api_key:
                 messages=req.messages,
                 add_generation_prompt=req.add_generation_prompt,
             )
-            try:
-                _, tokens = render_prompt(state, chat)
-            except ChatTemplateError as e:
-                raise bad_request(str(e), param="messages") from e
+            _, tokens = await render_prompt(state, chat)
         else:
-            tokens = engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            tokens = await off_loop(engine.tokenizer.encode, req.prompt, req.add_special_tokens)
         return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
 
     @app.post("/detokenize")
@@ -274,12 +214,18 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], metrics, api_key:
             raise bad_request(
                 f"tokens: id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens"
             )
-        return {"prompt": engine.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+        text = await off_loop(engine.tokenizer.decode, req.tokens, False)
+        return {"prompt": text}
+
+    @app.get("/tokenizer_info")
+    async def get_tokenizer_info():
+        """vLLM's shape: lets lm-eval and other clients tokenize with the server's tokenizer."""
+        return tokenizer_info(engine)
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache():
         """Admin: forget every cached prefix (all tiers). 409 while requests hold blocks."""
-        if not await engine.call_utility("reset_prefix_cache"):
+        if not await _utility("reset_prefix_cache"):
             raise APIError(
                 409,
                 "prefix cache not reset: requests are running",
@@ -291,7 +237,13 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], metrics, api_key:
 
     @app.get("/kv_cache")
     async def kv_cache():
-        return await engine.call_utility("kv_stats")
+        return await _utility("kv_stats")
+
+    async def _utility(method: str) -> Any:
+        try:
+            return await engine.call_utility(method)
+        except RuntimeError as e:  # EngineDeadError: 503, not a hang or a 500
+            raise engine_error(e, "-") from e
 
     @app.get("/server_info")
     async def server_info():
@@ -303,4 +255,5 @@ def build_app(engine: AsyncLLM, served_model_names: list[str], metrics, api_key:
             "uptime_s": round(time.time() - state.started, 1),
         }
 
+    add_request_bodies(app, REQUEST_BODIES)
     return app

@@ -86,12 +86,15 @@ def tools_to_force(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     return named
 
 
-def build_constraint(
+async def build_constraint(
     compiler: GrammarCompiler, req: SamplingFields, forced_tools: list[dict[str, Any]] | None = None
 ) -> StructuredOutputsParams | None:
+    """The request's output constraint, compiled once here (off the event loop, on a
+    large-stack thread) so that a bad one is a 400 before the engine sees it."""
     found = requested_constraints(req)
     if forced_tools:
-        parallel = getattr(req, "parallel_tool_calls", True)
+        # one forced call unless several were asked for explicitly
+        parallel = getattr(req, "parallel_tool_calls", None) is True
         found.append(
             (
                 "tool_choice",
@@ -107,7 +110,7 @@ def build_constraint(
         return None
     param, spec = found[0]
     try:
-        compiler.compile(spec)  # fails here, as a 400, rather than in the engine
+        await compiler.acompile(spec)
     except GrammarError as e:
         raise bad_request(f"{param}: {e}", param) from e
     return spec

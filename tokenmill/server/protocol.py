@@ -8,6 +8,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
+# Every integer is bounded before it reaches the engine (msgpack frames and torch tensors
+# take 64-bit values at most; none of these needs more than 31 bits).
+INT32_MAX = 2**31 - 1
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS = 2048
+
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class APIModel(BaseModel):
@@ -109,7 +118,8 @@ class ChatMessage(APIModel):
         return out
 
 
-StopType = str | Annotated[list[str], Field(max_length=16)] | None
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+StopType = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None
 
 
 class SamplingFields(APIModel):
@@ -121,22 +131,22 @@ class SamplingFields(APIModel):
     top_p: float | None = Field(None, gt=0, le=1)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     stop: StopType = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # extensions (as vLLM)
-    top_k: int = Field(0, ge=-1)
+    top_k: int = Field(0, ge=-1, le=INT32_MAX)  # and <= the vocabulary (checked with the model)
     min_p: float = Field(0.0, ge=0, le=1)
-    repetition_penalty: float = Field(1.0, gt=0, le=10)
-    min_tokens: int = Field(0, ge=0)
+    repetition_penalty: float = Field(1.0, ge=0.01, le=10)
+    min_tokens: int = Field(0, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    priority: int = 0
+    priority: int = Field(0, ge=-INT32_MAX, le=INT32_MAX)
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
@@ -152,8 +162,8 @@ class SamplingFields(APIModel):
         if v is None:
             return v
         for key, value in v.items():
-            if not key.lstrip("-").isdigit():
-                raise ValueError(f"keys must be token ids, got {key!r}")
+            if not key.isdigit() or len(key) > 10:
+                raise ValueError(f"keys must be token ids, got {key[:20]!r}")
             if not -100 <= value <= 100:
                 raise ValueError(f"values must be in [-100, 100], got {value}")
         return v
@@ -161,28 +171,28 @@ class SamplingFields(APIModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
+    # None: several calls may be parsed, but a forced choice (required / named) makes one
+    parallel_tool_calls: bool | None = None
     # extensions
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # Trusted callers only (the server must allow it): control-token strings in messages
+    # become control tokens instead of text.
+    special_tokens_in_content: bool = False
 
 
 class CompletionRequest(SamplingFields):
-    prompt: (
-        str
-        | list[int]
-        | Annotated[list[str], Field(min_length=1)]
-        | Annotated[list[list[int]], Field(min_length=1)]
-    )
+    # emptiness (no prompt, an empty prompt) is checked with the tokenizer: a 400 naming it
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     suffix: str | None = None
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=MAX_N)
@@ -191,11 +201,11 @@ class CompletionRequest(SamplingFields):
 class TokenizeRequest(APIModel):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(APIModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]

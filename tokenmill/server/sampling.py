@@ -8,9 +8,10 @@ from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, 
 
 
 def resolve_max_tokens(
-    requested: int | None, prompt_len: int, max_model_len: int, param: str
+    requested: int | None, prompt_len: int, max_model_len: int, param: str, default: int
 ) -> int:
-    """Max tokens for this request; 400 context_length_exceeded when prompt + max_tokens overflow."""
+    """Max tokens for this request (`default`, or what still fits, when not given); 400
+    context_length_exceeded when prompt + max_tokens overflow."""
     if prompt_len >= max_model_len:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, your prompt is "
@@ -19,7 +20,7 @@ def resolve_max_tokens(
             code="context_length_exceeded",
         )
     if requested is None:
-        return max_model_len - prompt_len
+        return min(default, max_model_len - prompt_len)
     if prompt_len + requested > max_model_len:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "

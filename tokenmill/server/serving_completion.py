@@ -1,252 +1,223 @@
-"""POST /v1/completions (legacy text completions)."""
+"""POST /v1/completions (legacy text completions): one or several prompts, n samples each,
+all admitted at once and streamed in the order the engine produces them."""
 
 from __future__ import annotations
 
-import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tokenmill.outputs import RequestOutput
+from tokenmill.engine.async_llm import GenerationRequest, OutputStream
+from tokenmill.inputs.prompts import TokenizedPrompt, tokenize_prompts
+from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.constraints import build_constraint, repetition_setting
-from tokenmill.server.errors import bad_request
+from tokenmill.server.errors import bad_request, from_value_error
 from tokenmill.server.logprobs import completion_logprobs
 from tokenmill.server.protocol import CompletionRequest
 from tokenmill.server.sampling import resolve_max_tokens, to_sampling_params
-from tokenmill.server.serving_chat import usage_dict
 from tokenmill.server.state import (
+    AccessRecord,
     ServerState,
     engine_error,
-    final_output,
-    log_request,
     new_id,
+    off_loop,
     sse_with_errors,
     stream_chunk,
     until_disconnect,
+    usage_dict,
 )
-
-
-def tokenize_prompts(
-    state: ServerState, req: CompletionRequest
-) -> list[tuple[str | None, list[int]]]:
-    prompt = req.prompt
-    tok = state.engine.tokenizer
-    if isinstance(prompt, str):
-        items: list[tuple[str | None, list[int]]] = [(prompt, tok.encode(prompt))]
-    elif prompt and isinstance(prompt[0], int):
-        items = [(None, list(prompt))]  # type: ignore[arg-type]
-    elif prompt and isinstance(prompt[0], str):
-        items = [(p, tok.encode(p)) for p in prompt]  # type: ignore[union-attr]
-    else:
-        items = [(None, list(p)) for p in prompt]  # type: ignore[union-attr]
-    for i, (_, ids) in enumerate(items):
-        if not ids:
-            raise bad_request(
-                "prompt: must not be empty", param="prompt" if len(items) == 1 else f"prompt.{i}"
-            )
-    return items
 
 
 async def create_completion(
     state: ServerState, req: CompletionRequest, raw: Request, request_id: str
 ):
     model = state.check_model(req.model)
+    state.check_accepting()
     if req.suffix:
         raise bad_request("suffix: is not supported by this server", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of: only best_of == n is supported", param="best_of")
-    engine = state.engine
-    prompts = tokenize_prompts(state, req)
     if req.echo and req.logprobs is not None and req.stream:
         raise bad_request("echo: cannot be combined with logprobs when streaming", param="echo")
-    constraint = build_constraint(state.grammar_compiler, req)
-    params_list = []
-    for _, ids in prompts:
+    engine = state.engine
+    try:
+        prompts = await off_loop(tokenize_prompts, req.prompt, engine.tokenizer)
+    except ValueError as e:
+        raise from_value_error(e) from e
+    constraint = await build_constraint(state.grammar_compiler, req)
+    completion_id = new_id("cmpl")
+    requests = []
+    for i, (text, ids) in enumerate(prompts):
         max_tokens = resolve_max_tokens(
-            req.max_tokens, len(ids), engine.max_model_len, "max_tokens"
-        )
+            req.max_tokens, len(ids), engine.max_model_len, "max_tokens",
+            state.settings.default_max_tokens,
+        )  # fmt: skip
         params = to_sampling_params(req, max_tokens, req.logprobs, req.stream)
         params.structured_outputs = constraint
         params.repetition_detection = repetition_setting(req)
         if req.echo and req.logprobs is not None:
             params.prompt_logprobs = req.logprobs
-        params_list.append(params)
-    completion_id = new_id("cmpl")
-    created = int(time.time())
-    started = time.monotonic()
-    gens = [
-        engine.generate(
-            f"{completion_id}-{i}",
-            ids,
-            params,
-            prompt=text,
-            priority=req.priority,
-            cache_salt=req.cache_salt,
-        )
-        for i, ((text, ids), params) in enumerate(zip(prompts, params_list, strict=True))
-    ]
+        rid = f"{completion_id}-{i}"
+        requests.append(GenerationRequest(rid, ids, params, text, req.priority, req.cache_salt))
+    record = AccessRecord(request_id, completion_id, "completions", sum(len(p[1]) for p in prompts))
     try:
-        if req.stream:
-            firsts = [await g.__anext__() for g in gens]
-            chunks = _stream(
-                state,
-                req,
-                gens,
-                firsts,
-                prompts,
-                completion_id,
-                created,
-                model,
-                started,
-                request_id,
-            )
-            return StreamingResponse(
-                sse_with_errors(chunks, request_id),
-                media_type="text/event-stream",
-                headers={"X-Request-Id": request_id},
-            )
-        finals = await until_disconnect(raw, asyncio.gather(*(final_output(g) for g in gens)))
+        stream = await engine.add_requests(requests)  # all or none
     except (ValueError, RuntimeError) as e:
-        for g in gens:
-            await g.aclose()
         raise engine_error(e, request_id) from e
-
-    choices = []
-    prompt_tokens = completion_tokens = cached = 0
-    for p_index, ((text, ids), final) in enumerate(zip(prompts, finals, strict=True)):
-        prompt_tokens += len(ids)
-        cached += final.num_cached_tokens
-        for c in final.outputs:
-            completion_tokens += len(c.token_ids)
-            out_text = c.text
-            lp = None
-            if req.echo:
-                prompt_text = text if text is not None else engine.tokenizer.decode(ids)
-                out_text = prompt_text + c.text
-            if req.logprobs is not None:
-                lp = _logprobs(state, req, ids, final, c)
-            choices.append(
-                {
-                    "index": p_index * req.n + c.index,
-                    "text": out_text,
-                    "logprobs": lp,
-                    "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason,
-                }
-            )
-    body = {
-        "id": completion_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage_dict(prompt_tokens, completion_tokens, cached),
-        "system_fingerprint": None,
-    }
-    log_request(
-        request_id=request_id,
-        id=completion_id,
-        endpoint="completions",
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        cached_tokens=cached,
-        latency_ms=round((time.monotonic() - started) * 1000, 1),
-        finish_reason=[c["finish_reason"] for c in choices],
-    )
+    out = _CompletionOutput(state, req, completion_id, model, prompts)
+    if req.stream:
+        return StreamingResponse(
+            sse_with_errors(out.stream(stream, record), request_id),
+            media_type="text/event-stream",
+            headers={"X-Request-Id": request_id},
+        )
+    try:
+        finals = await until_disconnect(raw, stream.final_outputs())
+    except (ValueError, RuntimeError) as e:
+        raise engine_error(e, request_id) from e
+    finally:
+        if not stream.finished:  # client gone or failed: free the engine's blocks
+            stream.abort()
+    body = out.response([finals[f"{completion_id}-{i}"] for i in range(len(prompts))])
+    record.completion_tokens = body["usage"]["completion_tokens"]
+    record.cached_tokens = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    firsts = [
+        f.metrics["first_token_time"] for f in finals.values() if f.metrics.get("first_token_time")
+    ]
+    record.first_token = min(firsts, default=None)
+    record.finish_reasons = [c["finish_reason"] for c in body["choices"]]
+    record.write()
     return JSONResponse(body, headers={"X-Request-Id": request_id})
 
 
-def _logprobs(
-    state: ServerState, req: CompletionRequest, ids: list[int], final: RequestOutput, c
-) -> dict[str, Any]:
-    tok = state.engine.tokenizer
-    top = req.logprobs or 0
-    if req.echo:
-        prompt_lps = final.prompt_logprobs or [None] * len(ids)
-        token_ids = list(ids) + list(c.token_ids)
-        positions = list(prompt_lps) + list(c.logprobs or [])
-        return completion_logprobs(tok, token_ids, positions, top)
-    return completion_logprobs(tok, c.token_ids, c.logprobs or [], top)
+class _CompletionOutput:
+    """Builds the response (or its stream of chunks) of one completions request."""
 
+    def __init__(
+        self,
+        state: ServerState,
+        req: CompletionRequest,
+        completion_id: str,
+        model: str,
+        prompts: list[TokenizedPrompt],
+    ) -> None:
+        self.tokenizer = state.engine.tokenizer
+        self.req = req
+        self.completion_id = completion_id
+        self.model = model
+        self.created = int(time.time())
+        self.prompts = prompts
 
-async def _stream(
-    state, req, gens, firsts, prompts, completion_id, created, model, started, request_id
-):
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    tok = state.engine.tokenizer
-    n = req.n
-    counts = [0] * (len(gens) * n)
-    echoed = [False] * (len(gens) * n)
-    cached = 0
+    def _prompt_text(self, i: int) -> str:
+        text, ids = self.prompts[i]
+        return text if text is not None else self.tokenizer.decode(ids)
 
-    def chunk(choices, usage=None) -> str:
-        return stream_chunk(
-            completion_id, "text_completion", created, model, choices, usage, include_usage
-        )
-
-    # Merge the prompts' streams in arrival order.
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, gen, first) -> None:
-        try:
-            await queue.put((i, first))
-            if not first.finished:
-                async for out in gen:
-                    await queue.put((i, out))
-        except BaseException as e:  # handed to the consumer, which re-raises
-            await queue.put((i, e))
-
-    tasks = [
-        asyncio.create_task(pump(i, g, f))
-        for i, (g, f) in enumerate(zip(gens, firsts, strict=True))
-    ]
-    done = 0
-    try:
-        while done < len(gens):
-            i, out = await queue.get()
-            if isinstance(out, BaseException):
-                raise out
-            cached += out.num_cached_tokens if out.finished else 0
-            for c in out.outputs:
-                index = i * n + c.index
-                counts[index] += len(c.token_ids)
-                text = c.text
-                if req.echo and not echoed[index]:
-                    echoed[index] = True
-                    ptext, pids = prompts[i]
-                    text = (ptext if ptext is not None else tok.decode(pids)) + text
-                lp = (
-                    completion_logprobs(tok, c.token_ids, c.logprobs or [], req.logprobs or 0)
-                    if req.logprobs is not None and c.token_ids
-                    else None
+    def response(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        req = self.req
+        choices = []
+        prompt_tokens = completion_tokens = cached = 0
+        for p_index, final in enumerate(finals):
+            ids = self.prompts[p_index][1]
+            prompt_tokens += len(ids)
+            cached += final.num_cached_tokens
+            for c in final.outputs:
+                completion_tokens += len(c.token_ids)
+                text = self._prompt_text(p_index) + c.text if req.echo else c.text
+                choices.append(
+                    {
+                        "index": p_index * req.n + c.index,
+                        "text": text,
+                        "logprobs": self._logprobs(ids, final, c)
+                        if req.logprobs is not None
+                        else None,
+                        "finish_reason": c.finish_reason,
+                        "stop_reason": c.stop_reason,
+                    }
                 )
-                if not text and lp is None and not c.finished:
-                    continue
-                choice = {
-                    "index": index,
-                    "text": text,
-                    "logprobs": lp,
-                    "finish_reason": c.finish_reason,
-                }
-                if c.finished:
-                    choice["stop_reason"] = c.stop_reason
-                yield chunk([choice])
-            if out.finished:
-                done += 1
-        if include_usage:
-            prompt_tokens = sum(len(ids) for _, ids in prompts)
-            yield chunk([], usage_dict(prompt_tokens, sum(counts), cached))
-        log_request(
-            request_id=request_id,
-            id=completion_id,
-            endpoint="completions",
-            completion_tokens=sum(counts),
-            latency_ms=round((time.monotonic() - started) * 1000, 1),
+        return {
+            "id": self.completion_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage_dict(prompt_tokens, completion_tokens, cached),
+            "system_fingerprint": None,
+        }
+
+    def _logprobs(
+        self, ids: list[int], final: RequestOutput, c: CompletionOutput
+    ) -> dict[str, Any]:
+        top = self.req.logprobs or 0
+        if self.req.echo:
+            prompt_lps = final.prompt_logprobs or [None] * len(ids)
+            token_ids = list(ids) + list(c.token_ids)
+            positions = list(prompt_lps) + list(c.logprobs or [])
+            return completion_logprobs(self.tokenizer, token_ids, positions, top)
+        return completion_logprobs(self.tokenizer, c.token_ids, c.logprobs or [], top)
+
+    async def stream(self, outputs: OutputStream, record: AccessRecord) -> AsyncIterator[str]:
+        req = self.req
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = include_usage and bool(
+            req.stream_options and req.stream_options.continuous_usage_stats
         )
-    finally:
-        for t in tasks:
-            t.cancel()
-        for g in gens:
-            await g.aclose()
+        n = req.n
+        index_of = {f"{self.completion_id}-{i}": i for i in range(len(self.prompts))}
+        counts = [0] * (len(self.prompts) * n)
+        offsets = [0] * (len(self.prompts) * n)  # text_offset of each choice's next token
+        echoed = [False] * (len(self.prompts) * n)
+        cached: dict[int, int] = {}
+
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+            return stream_chunk(
+                self.completion_id, "text_completion", self.created, self.model, choices, usage,
+                include_usage,
+            )  # fmt: skip
+
+        def usage_now() -> dict[str, Any]:
+            return usage_dict(record.prompt_tokens, sum(counts), sum(cached.values()))
+
+        try:
+            async for out in outputs:
+                p_index = index_of[out.request_id]
+                cached[p_index] = out.num_cached_tokens
+                for c in out.outputs:
+                    index = p_index * n + c.index
+                    counts[index] += len(c.token_ids)
+                    if c.token_ids:
+                        record.token()
+                    text = c.text
+                    if req.echo and not echoed[index]:
+                        echoed[index] = True
+                        text = self._prompt_text(p_index) + text
+                        offsets[index] = len(text) - len(c.text)
+                    lp = None
+                    if req.logprobs is not None and c.token_ids:
+                        lp = completion_logprobs(
+                            self.tokenizer, c.token_ids, c.logprobs or [], req.logprobs,
+                            offsets[index],
+                        )  # fmt: skip
+                        offsets[index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                    if not text and lp is None and not c.finished:
+                        continue
+                    choice = {
+                        "index": index,
+                        "text": text,
+                        "logprobs": lp,
+                        "finish_reason": c.finish_reason,
+                    }
+                    if c.finished:
+                        choice["stop_reason"] = c.stop_reason
+                        record.finish_reasons.append(c.finish_reason)
+                    yield chunk([choice], usage_now() if continuous else None)
+            if include_usage:
+                yield chunk([], usage_now())
+            record.completion_tokens = sum(counts)
+            record.cached_tokens = sum(cached.values())
+            record.write()
+        finally:
+            if not outputs.finished:  # client went away or the stream failed: free the blocks
+                outputs.abort()

@@ -1,4 +1,5 @@
-"""What the HTTP handlers share: the engine, the served names, metrics and limits."""
+"""What the HTTP handlers share: the engine, the served names, metrics, settings and the
+helpers every endpoint uses (errors, disconnects, SSE, access log)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -15,12 +16,27 @@ from fastapi import Request
 
 from tokenmill.engine.async_llm import AsyncLLM, QueueFullError, RequestFailedError
 from tokenmill.engine.core_client import EngineDeadError
-from tokenmill.outputs import RequestOutput
-from tokenmill.server.errors import APIError
+from tokenmill.server.errors import APIError, from_value_error
 from tokenmill.server.metrics import ServerMetrics
 
 access_log = logging.getLogger("tokenmill.access")
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+DEFAULT_MAX_TOKENS = 2048
+# Paths served without the API key unless configured otherwise (--open-path).
+DEFAULT_OPEN_PATHS = ("/health", "/metrics")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    api_key: str | None = None
+    open_paths: tuple[str, ...] = DEFAULT_OPEN_PATHS
+    max_body_bytes: int = 4 * 1024 * 1024
+    # chat requests that give no max_tokens get at most this many (and never more than fits)
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    # requests may ask for control-token strings in messages to be control tokens
+    allow_special_tokens_in_content: bool = False
 
 
 @dataclass
@@ -28,8 +44,7 @@ class ServerState:
     engine: AsyncLLM
     served_model_names: list[str]
     metrics: ServerMetrics
-    api_key: str | None = None
-    max_body_bytes: int = 4 * 1024 * 1024
+    settings: ServerSettings = field(default_factory=ServerSettings)
     started: float = field(default_factory=time.time)
     draining: bool = False
     _compiler: Any = None
@@ -60,6 +75,24 @@ class ServerState:
             )
         return self.model_name
 
+    def check_accepting(self) -> None:
+        """New generation requests are refused while the server drains."""
+        if self.draining:
+            raise APIError(
+                503,
+                "the server is shutting down",
+                "server_error",
+                None,
+                "server_shutting_down",
+                headers={"Retry-After": "1"},
+            )
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """CPU work (tokenization, templates) on a worker thread: the event loop keeps serving
+    every other request and stream meanwhile."""
+    return await asyncio.to_thread(fn, *args)
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -67,6 +100,8 @@ def new_id(prefix: str) -> str:
 
 def engine_error(e: Exception, request_id: str) -> APIError:
     """Maps engine-side failures to HTTP errors (client mistakes were caught before)."""
+    if isinstance(e, APIError):
+        return e
     if isinstance(e, QueueFullError):
         return APIError(
             503, str(e), "server_error", None, "server_busy", headers={"Retry-After": "1"}
@@ -82,8 +117,6 @@ def engine_error(e: Exception, request_id: str) -> APIError:
             "engine_error",
         )
     if isinstance(e, ValueError):
-        from tokenmill.server.errors import from_value_error
-
         return from_value_error(e)
     raise e
 
@@ -117,7 +150,7 @@ def stream_chunk(
     usage: dict[str, Any] | None,
     include_usage: bool,
 ) -> str:
-    """One SSE chunk; with include_usage every chunk carries `usage` (null until the last)."""
+    """One SSE chunk; with include_usage every chunk carries `usage` (null unless given)."""
     body: dict[str, Any] = {
         "id": completion_id,
         "object": obj,
@@ -130,13 +163,13 @@ def stream_chunk(
     return sse(body)
 
 
-async def final_output(gen: AsyncIterator[RequestOutput]) -> RequestOutput:
-    final = None
-    async for out in gen:
-        final = out
-    if final is None:
-        raise RuntimeError("the engine returned no output")
-    return final
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 async def sse_with_errors(chunks: AsyncIterator[str], request_id: str) -> AsyncIterator[str]:
@@ -145,10 +178,9 @@ async def sse_with_errors(chunks: AsyncIterator[str], request_id: str) -> AsyncI
         async for chunk in chunks:
             yield chunk
     except (QueueFullError, EngineDeadError, RequestFailedError, ValueError) as e:
-        err = engine_error(e, request_id)
-        yield sse(err.body())
+        yield sse(engine_error(e, request_id).body())
     except Exception as e:  # a real fault: still a clean end of stream
-        logging.getLogger(__name__).exception("stream %s failed", request_id)
+        logger.exception("stream %s failed", request_id)
         yield sse(
             APIError(
                 500,
@@ -159,5 +191,42 @@ async def sse_with_errors(chunks: AsyncIterator[str], request_id: str) -> AsyncI
     yield sse("[DONE]")
 
 
-def log_request(**fields: Any) -> None:
-    access_log.info(json.dumps(fields, default=str))
+@dataclass
+class AccessRecord:
+    """One access-log line per generation request (streamed or not)."""
+
+    request_id: str
+    completion_id: str
+    endpoint: str
+    prompt_tokens: int
+    started: float = field(default_factory=time.monotonic)
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    first_token: float | None = None
+    finish_reasons: list[str | None] = field(default_factory=list)
+
+    def token(self) -> None:
+        if self.first_token is None:
+            self.first_token = time.monotonic()
+
+    def write(self) -> None:
+        now = time.monotonic()
+        ttft = (
+            None if self.first_token is None else round((self.first_token - self.started) * 1000, 1)
+        )
+        access_log.info(
+            json.dumps(
+                {
+                    "request_id": self.request_id,
+                    "id": self.completion_id,
+                    "endpoint": self.endpoint,
+                    "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": self.completion_tokens,
+                    "cached_tokens": self.cached_tokens,
+                    "ttft_ms": ttft,
+                    "latency_ms": round((now - self.started) * 1000, 1),
+                    "finish_reason": self.finish_reasons,
+                },
+                default=str,
+            )
+        )

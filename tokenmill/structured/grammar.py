@@ -3,6 +3,7 @@ request, a token bitmask per step, the matcher advanced by every sampled token."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -12,7 +13,9 @@ import llguidance
 import torch
 
 from tokenmill.model.tokenizer import Tokenizer
+from tokenmill.structured.limits import DEFAULT_LIMITS, ConstraintLimits, check_limits
 from tokenmill.structured.spec import StructuredOutputsParams
+from tokenmill.structured.stack import LargeStackExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +71,8 @@ def to_llguidance_grammar(spec: StructuredOutputsParams) -> str:
 
 
 class GrammarCompiler:
-    """Per-tokenizer compiler with an LRU cache of validated grammars."""
+    """Per-tokenizer compiler with an LRU cache of validated grammars. Constraints are
+    checked against `limits` first; llguidance runs on large-stack worker threads."""
 
     def __init__(
         self,
@@ -76,6 +80,7 @@ class GrammarCompiler:
         vocab_size: int,
         cache_size: int = 512,
         ignore_unknown_formats: bool = False,
+        limits: ConstraintLimits = DEFAULT_LIMITS,
     ) -> None:
         # ignore_unknown_formats: drop `format` values llguidance does not implement instead of
         # rejecting the schema (sound per JSON Schema, where format is an annotation, but then
@@ -88,9 +93,22 @@ class GrammarCompiler:
         self._cache: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
         self.cache_size = cache_size
+        self.limits = limits
+        self._executor = LargeStackExecutor()
 
     def compile(self, spec: StructuredOutputsParams) -> str:
         """The validated llguidance grammar for spec; GrammarError names the problem."""
+        return self._executor.run(self._compile, spec)
+
+    async def acompile(self, spec: StructuredOutputsParams) -> str:
+        """compile() without blocking the event loop."""
+        return await asyncio.wrap_future(self._executor.submit(self._compile, spec))
+
+    def _compile(self, spec: StructuredOutputsParams) -> str:
+        try:
+            check_limits(spec, self.limits)
+        except ValueError as e:
+            raise GrammarError(f"structured output ({spec.kind}) is too large: {e}") from e
         key = spec.cache_key()
         with self._lock:
             hit = self._cache.get(key)
@@ -123,12 +141,18 @@ class GrammarCompiler:
         return grammar
 
     def matcher(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
-        m = llguidance.LLMatcher(self.ll_tokenizer, self.compile(spec), log_level=0)
+        m = self._executor.run(self._matcher, spec)
         if m.is_error():
             raise GrammarError(
                 f"structured output ({spec.kind}) cannot be compiled: {m.get_error()}"
             )
         return m
+
+    def _matcher(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
+        return llguidance.LLMatcher(self.ll_tokenizer, self._compile(spec), log_level=0)
+
+    def close(self) -> None:
+        self._executor.shutdown()
 
 
 def _unknown_format(message: str) -> str | None:

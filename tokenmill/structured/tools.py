@@ -40,6 +40,20 @@ Event = ContentDelta | ToolCallStart | ToolCallArgumentsDelta
 class ToolCall:
     name: str
     arguments: str  # JSON text
+    # False for a call cut off (max_tokens) or malformed after its name was streamed: its
+    # arguments are what was seen, and it must not be returned as a call.
+    complete: bool = True
+
+    @property
+    def valid(self) -> bool:
+        """Complete, with arguments that parse as JSON."""
+        if not self.complete:
+            return False
+        try:
+            json.loads(self.arguments)
+        except json.JSONDecodeError:
+            return False
+        return True
 
 
 @dataclass
@@ -177,7 +191,7 @@ class ToolCallParser:
             if self.scanner is not None and self.scanner.done and self._call_ok():
                 self._complete_call(events)
             elif self.name_sent:  # cut off mid-call (e.g. max_tokens): keep what was streamed
-                self.calls.append(ToolCall(self._name() or "", self._streamed_args))
+                self.calls.append(ToolCall(self._name() or "", self._streamed_args, False))
                 self.index += 1
             else:
                 self._emit_content(events, START_TAG + self.call_raw + self.buffer)
@@ -312,7 +326,7 @@ class ToolCallParser:
     def _abandon_call(self, events: list[Event], rest: str = "") -> bool:
         """Not a well-formed call: its text is content after all."""
         if self.name_sent:  # already announced: close it with what we have
-            self.calls.append(ToolCall(self._name() or "", "{}"))
+            self.calls.append(ToolCall(self._name() or "", "{}", False))
             self.index += 1
         else:
             self._emit_content(

@@ -1,0 +1,34 @@
+"""Checks of a tokenized request against the model (no torch, no engine import: the API
+process runs them before anything reaches the engine core)."""
+
+from __future__ import annotations
+
+from tokenmill.sampling_params import SamplingParams
+
+
+def validate_prompt(prompt_token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
+    if not prompt_token_ids:
+        raise ValueError("prompt: must not be empty")
+    if len(prompt_token_ids) >= max_model_len:
+        raise ValueError(
+            f"prompt: {len(prompt_token_ids)} tokens do not fit the context length of "
+            f"{max_model_len} tokens (at least one token must remain for the output)"
+        )
+    bad = next((t for t in prompt_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+def validate_params(params: SamplingParams, vocab_size: int) -> None:
+    """Token ids and vocabulary-sized knobs must fit the model's vocabulary."""
+    if params.top_k > vocab_size:
+        raise ValueError(f"top_k: must be <= the vocabulary size {vocab_size}, got {params.top_k}")
+    bad = [t for t in params.stop_token_ids or () if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"stop_token_ids: {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    if params.logit_bias:
+        bad = [t for t in params.logit_bias if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(
+                f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
+            )

@@ -1,0 +1,117 @@
+"""Request bodies, read as hostile input: bounded size, strict JSON (no NaN/Infinity, no
+lone surrogates, bounded nesting), then the endpoint's pydantic model. Every failure is a
+4xx in the OpenAI envelope, and large bodies are parsed off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+
+from tokenmill.server.errors import APIError, bad_request
+
+MAX_JSON_DEPTH = 100  # schemas are bounded at 64 levels inside this (structured/limits.py)
+_OFF_LOOP_BYTES = 256 * 1024
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def check_json(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Nesting within max_depth and strings that are valid Unicode (no lone surrogates),
+    checked without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise bad_request(f"the body holds an invalid string: {e.reason}") from None
+        elif isinstance(node, dict | list):
+            if depth > max_depth:
+                raise bad_request(f"the body is nested deeper than {max_depth} levels")
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, item in items:
+                if isinstance(key, str):
+                    stack.append((key, depth))
+                stack.append((item, depth + 1))
+
+
+def decode_json(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except RecursionError:
+        raise bad_request(f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, huge integers, NaN
+        raise bad_request(f"the body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise bad_request("the body must be a JSON object")
+    check_json(data)
+    return data
+
+
+def _param_from_loc(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    # drop pydantic's union-branch tags (e.g. "str", "list[int]")
+    return ".".join(p for p in parts if not _is_branch_tag(p))
+
+
+def _is_branch_tag(part: str) -> bool:
+    return (
+        any(c in part for c in "[]")
+        or part in ("str", "int", "float", "bool")
+        or part.startswith(("constrained-", "function-", "lax-", "json-or-python"))
+    )
+
+
+def validation_error(err: ValidationError | RequestValidationError) -> APIError:
+    first = err.errors()[0]
+    param = _param_from_loc(tuple(first.get("loc", ())))
+    msg = first.get("msg", "invalid value")
+    return bad_request(f"{param}: {msg}" if param else msg, param=param or None)
+
+
+def _parse(body: bytes, model: type[BaseModel]) -> Any:
+    data = decode_json(body)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    content_type = request.headers.get("content-type", "")
+    if "application/json" not in content_type.lower():
+        raise APIError(
+            415,
+            f"Content-Type must be application/json, got {content_type[:100] or 'none'!r}",
+            "invalid_request_error",
+        )
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise APIError(
+            413,
+            f"request body of {length} bytes exceeds the limit of {max_bytes}",
+            "invalid_request_error",
+        )
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > max_bytes:
+            raise APIError(
+                413, f"request body exceeds the limit of {max_bytes} bytes", "invalid_request_error"
+            )
+    return bytes(body)
+
+
+async def parse_body(request: Request, model: type[BaseModel], max_bytes: int) -> Any:
+    body = await read_body(request, max_bytes)
+    if len(body) > _OFF_LOOP_BYTES:
+        return await asyncio.to_thread(_parse, body, model)
+    return _parse(body, model)

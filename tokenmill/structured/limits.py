@@ -1,0 +1,91 @@
+"""Bounds on output constraints, checked before anything reaches llguidance.
+
+llguidance compiles recursively: a `$ref` chain of a few thousand schemas or a Lark grammar
+chaining a few thousand rules overflows a thread's stack (a segfault that takes the process
+down). Compilation also runs on a thread with a large stack (grammar.py); these bounds keep
+every accepted constraint far inside it and give the client a 400 that names the limit.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from tokenmill.structured.spec import StructuredOutputsParams
+
+
+class ConstraintTooLargeError(ValueError):
+    """A constraint over one of the limits (a client mistake: HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class ConstraintLimits:
+    max_schema_depth: int = 64  # nesting of objects/arrays in the JSON schema document
+    max_schema_refs: int = 1000  # `$ref` occurrences
+    max_grammar_bytes: int = 256 * 1024
+    max_grammar_rules: int = 2000
+    max_regex_bytes: int = 16 * 1024
+    max_choices: int = 10_000
+
+
+DEFAULT_LIMITS = ConstraintLimits()
+
+# A Lark rule or terminal definition: `name:` / `?name:` / `NAME.2:` at the start of a line.
+_RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][A-Za-z0-9_]*(?:\.-?\d+)?[ \t]*:", re.MULTILINE)
+
+
+def schema_shape(schema: Any) -> tuple[int, int]:
+    """(nesting depth, `$ref` count) of a JSON document, without recursion."""
+    depth = refs = 0
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            depth = max(depth, level)
+            refs += "$ref" in node
+            stack.extend((v, level + 1) for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            depth = max(depth, level)
+            stack.extend((v, level + 1) for v in node if isinstance(v, dict | list))
+    return depth, refs
+
+
+def check_limits(spec: StructuredOutputsParams, limits: ConstraintLimits = DEFAULT_LIMITS) -> None:
+    """Raises ConstraintTooLargeError naming the limit a constraint exceeds."""
+    if isinstance(spec.json, dict):
+        depth, refs = schema_shape(spec.json)
+        if depth > limits.max_schema_depth:
+            raise ConstraintTooLargeError(
+                f"the JSON schema is nested {depth} levels deep; the limit is "
+                f"{limits.max_schema_depth}"
+            )
+        if refs > limits.max_schema_refs:
+            raise ConstraintTooLargeError(
+                f"the JSON schema has {refs} $ref; the limit is {limits.max_schema_refs}"
+            )
+    if spec.regex is not None and len(spec.regex.encode()) > limits.max_regex_bytes:
+        raise ConstraintTooLargeError(
+            f"the regex is {len(spec.regex.encode())} bytes; the limit is {limits.max_regex_bytes}"
+        )
+    if spec.grammar is not None:
+        size = len(spec.grammar.encode())
+        if size > limits.max_grammar_bytes:
+            raise ConstraintTooLargeError(
+                f"the grammar is {size} bytes; the limit is {limits.max_grammar_bytes}"
+            )
+        rules = len(_RULE.findall(spec.grammar))
+        if rules > limits.max_grammar_rules:
+            raise ConstraintTooLargeError(
+                f"the grammar defines {rules} rules; the limit is {limits.max_grammar_rules}"
+            )
+        refs = spec.grammar.count("$ref")  # schemas embedded with %json
+        if refs > limits.max_schema_refs:
+            raise ConstraintTooLargeError(
+                f"the grammar's JSON schemas have {refs} $ref; the limit is "
+                f"{limits.max_schema_refs}"
+            )
+    if spec.choice is not None and len(spec.choice) > limits.max_choices:
+        raise ConstraintTooLargeError(
+            f"{len(spec.choice)} choices; the limit is {limits.max_choices}"
+        )
