@@ -22,7 +22,7 @@ from tokenmill import LLM, SamplingParams
 from tokenmill.structured.grammar import GrammarCompiler, GrammarError
 from tokenmill.structured.spec import StructuredOutputsParams
 
-SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench-sample"
+SAMPLE = Path(__file__).resolve().parents[1] / "tests" / "data" / "jsonschemabench-sample"
 # Long enough that no request completes inside the token budget: every step runs all rows
 # constrained, so tokens/s compares like with like (no early finishers shrinking the batch).
 LONG_SCHEMA = {

@@ -1,8 +1,11 @@
-"""tokenmill: an LLM inference platform (engine, OpenAI-compatible server, router, tools)."""
+"""tokenmill: an LLM inference platform (engine, OpenAI-compatible server, router, tools).
 
-from tokenmill.engine.llm import LLM
-from tokenmill.outputs import CompletionOutput, Logprob, RequestOutput
-from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+The offline API is imported on first use, so that processes which only serve HTTP (the
+API process, the router) do not load the engine with the package."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 __all__ = [
@@ -14,3 +17,28 @@ __all__ = [
     "RequestOutputKind",
     "__version__",
 ]
+
+_LAZY = {
+    "LLM": "tokenmill.engine.llm",
+    "SamplingParams": "tokenmill.sampling_params",
+    "RequestOutputKind": "tokenmill.sampling_params",
+    "RequestOutput": "tokenmill.outputs",
+    "CompletionOutput": "tokenmill.outputs",
+    "Logprob": "tokenmill.outputs",
+}
+
+if TYPE_CHECKING:
+    from tokenmill.engine.llm import LLM
+    from tokenmill.outputs import CompletionOutput, Logprob, RequestOutput
+    from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tokenmill' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

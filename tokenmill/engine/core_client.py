@@ -14,7 +14,7 @@ import zmq
 import zmq.asyncio
 
 from tokenmill.config import EngineConfig
-from tokenmill.engine.core_proc import run_engine_core
+from tokenmill.engine.core_entry import run_engine_core
 from tokenmill.engine.core_types import EngineCoreOutputs, EngineCoreRequest
 from tokenmill.engine.serialization import decode_outputs, encode_request, pack, unpack
 

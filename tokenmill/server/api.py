@@ -29,7 +29,13 @@ from tokenmill.server.protocol import (
 )
 from tokenmill.server.serving_chat import create_chat_completion, render_prompt
 from tokenmill.server.serving_completion import create_completion
-from tokenmill.server.state import ServerSettings, ServerState, engine_error, off_loop
+from tokenmill.server.state import (
+    ClientDisconnected,
+    ServerSettings,
+    ServerState,
+    engine_error,
+    off_loop,
+)
 from tokenmill.server.tokenizer_info import tokenizer_info
 
 logger = logging.getLogger(__name__)
@@ -115,6 +121,10 @@ def build_app(
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_disconnected(_request: Request, _exc: ClientDisconnected):
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):

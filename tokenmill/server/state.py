@@ -121,6 +121,10 @@ def engine_error(e: Exception, request_id: str) -> APIError:
     raise e
 
 
+class ClientDisconnected(Exception):
+    """The client left before its (non-streamed) response was ready."""
+
+
 async def until_disconnect(raw: Request, work: Awaitable[T], poll_s: float = 0.2) -> T:
     """Runs `work`, cancelling it if the client goes away (non-streaming requests)."""
     task = asyncio.ensure_future(work)
@@ -131,7 +135,7 @@ async def until_disconnect(raw: Request, work: Awaitable[T], poll_s: float = 0.2
                 return task.result()
             if await raw.is_disconnected():
                 task.cancel()
-                raise asyncio.CancelledError("client disconnected")
+                raise ClientDisconnected()
     finally:
         if not task.done():
             task.cancel()
