@@ -99,7 +99,7 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path):
     def one_request() -> None:
         r = httpx.post(
             f"{srv.v1}/chat/completions",
-            json={"model": MODEL, "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 40,
+            json={"model": MODEL, "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 150,
                   "ignore_eos": True},
             timeout=120,
         )  # fmt: skip
@@ -109,6 +109,14 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path):
     worker.start()
     assert wait_for(lambda: metric(srv, "tokenmill:num_requests_running") == 1, 60)
     srv.proc.send_signal(signal.SIGTERM)
+    # while it drains: still listening, /health says 503, new work is refused with 503
+    assert wait_for(lambda: httpx.get(f"{srv.base_url}/health").status_code == 503, 10)
+    assert httpx.get(f"{srv.base_url}/health").json()["error"]["code"] == "draining"
+    late = httpx.post(
+        f"{srv.v1}/chat/completions", json={**stream_body(5), "stream": False}, timeout=10
+    )
+    assert late.status_code == 503 and late.json()["error"]["code"] == "server_shutting_down"
+    assert worker.is_alive(), "the in-flight request should still be running"
     worker.join(120)
     assert results == ["length"], "the in-flight request must finish during the drain"
     assert srv.proc.wait(60) == 0
@@ -144,6 +152,12 @@ def test_engine_crash_fails_requests_and_health(tmp_path):
             f"{srv.v1}/chat/completions", json={**stream_body(5), "stream": False}, timeout=10
         )
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
+        # admin calls answer at once (they used to wait forever on a dead engine), and the
+        # metrics no longer show requests running
+        for method, path in (("GET", "/kv_cache"), ("POST", "/reset_prefix_cache")):
+            r = httpx.request(method, f"{srv.base_url}{path}", timeout=10)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
+        assert metric(srv, "tokenmill:num_requests_running") == 0
     finally:
         srv.stop()
 

@@ -110,15 +110,16 @@ def test_every_request_frame_gets_an_answer(tiny_llama_dir):
     proc._handle([b"ADD", b"bad-n", msgpack.packb(bad_params)])
     proc._handle([b"ADD", b"other", encode_request(good)])
     proc._handle([b"ABORT", b"\xc1"])  # a bad abort frame is ignored, not fatal
+    proc._handle([b"ADD", b"no-payload"])
     proc._handle([b"ADD", b"ok", encode_request(good)])
     rejected = {o.request_id: o for o in proc.rejected}
-    assert set(rejected) == {"garbage", "bad-n", "other"}
+    assert set(rejected) == {"garbage", "bad-n", "other", "no-payload"}
     assert all(o.finish_reason == "error" and o.stop_reason for o in rejected.values())
     assert "n" in rejected["bad-n"].stop_reason
     assert core.scheduler.requests.keys() == {"ok"}
     # the rejections travel back as outputs like any other
     wire = decode_outputs(encode_outputs(EngineCoreOutputs(list(proc.rejected))))
-    assert [o.finish_reason for o in wire.outputs] == ["error"] * 3
+    assert [o.finish_reason for o in wire.outputs] == ["error"] * 4
 
 
 @pytest.mark.parametrize("stop", ["", ["x", ""]])

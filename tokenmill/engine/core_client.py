@@ -82,9 +82,12 @@ class EngineCoreClient:
             ) from None
 
     async def add_requests(self, reqs: list[EngineCoreRequest]) -> None:
-        # The id travels in a frame of its own: the core can answer even an undecodable request.
+        """One message for all: the core admits them in the same step. Each id travels in a
+        frame of its own, so the core can answer even an undecodable request."""
+        frames = [b"ADD"]
         for req in reqs:
-            await self._send([b"ADD", req.request_id.encode(), encode_request(req)])
+            frames += [req.request_id.encode(), encode_request(req)]
+        await self._send(frames)
 
     async def abort(self, request_ids: list[str]) -> None:
         if request_ids and self.alive:

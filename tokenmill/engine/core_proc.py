@@ -1,6 +1,6 @@
 """The engine core in its own process, driven over ZMQ (PUSH/PULL, msgpack frames).
 
-Input frames:  [b"ADD", request id, request] · [b"ABORT", ids] · [b"UTIL", [call_id, method, args]]
+Input frames:  [b"ADD", (request id, request)...] · [b"ABORT", ids] · [b"UTIL", [call_id, method, args]]
 Output frames: [b"READY", info] · [b"OUT", outputs] · [b"UTIL", [call_id, ok, result]] · [b"ERROR", text]
 The loop steps while there is work and blocks on its input socket when idle. No request
 is dropped silently: one that cannot be decoded or admitted is answered as failed. The
@@ -102,10 +102,17 @@ class EngineCoreProc:
         return True
 
     def _add(self, frames: list[bytes]) -> None:
-        request_id = frames[1].decode("utf-8", "replace") if len(frames) == 3 else None
+        for i in range(1, len(frames), 2):
+            request_id = frames[i].decode("utf-8", "replace")
+            if i + 1 < len(frames):
+                self._add_one(request_id, frames[i + 1])
+            else:
+                self._reject(request_id, "the request frame is missing")
+
+    def _add_one(self, request_id: str, payload: bytes) -> None:
         try:
-            req = decode_request(frames[-1])
-            if request_id is not None and req.request_id != request_id:
+            req = decode_request(payload)
+            if req.request_id != request_id:
                 raise ValueError("request id frame does not match the request")
             self.core.add_request(req)
         except (ValueError, QueueFullError) as e:
@@ -115,10 +122,7 @@ class EngineCoreProc:
             logger.exception("request %s could not be added", request_id)
             self._reject(request_id, f"{type(e).__name__}: {e}")
 
-    def _reject(self, request_id: str | None, reason: str) -> None:
-        if request_id is None:
-            logger.error("a request frame without an id was dropped: %s", reason)
-            return
+    def _reject(self, request_id: str, reason: str) -> None:
         self.rejected.append(
             EngineCoreOutput(request_id, [], finish_reason="error", stop_reason=reason)
         )
