@@ -21,3 +21,16 @@ def embedded_llm():
     from tokenmill import LLM
 
     return LLM(kv_cache_memory_gib=0.5)
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    """transformers' float32 model of the embedded GGUF file: the reference logits."""
+    from transformers import AutoModelForCausalLM
+
+    from tokenmill.model.embedded import embedded_model_path
+
+    path = embedded_model_path()
+    return AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()

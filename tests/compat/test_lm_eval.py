@@ -22,18 +22,6 @@ TASK = "tokenmill_tiny_mc"
 TOL = 1e-3  # nats; 2.4e-5 measured (prefix cache off and on)
 
 
-@pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoModelForCausalLM
-
-    from tokenmill.model.embedded import embedded_model_path
-
-    path = embedded_model_path()
-    return AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
-
-
 def make_lm(server, tokenizer_backend: str = "remote", **kwargs: Any):
     from lm_eval.api.registry import get_model
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from tokenmill import SamplingParams
 from tokenmill.engine.scoring import sequence_logits
-from tokenmill.model.embedded import embedded_model_path
 
 PROMPTS = [
     "The capital of France is",
@@ -15,16 +13,6 @@ PROMPTS = [
     "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
     "Photosynthesis is the process by which plants",
 ]
-
-
-@pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoModelForCausalLM
-
-    path = embedded_model_path()
-    return AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
 
 
 def test_logits_match_transformers(embedded_llm, hf_model):

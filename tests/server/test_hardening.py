@@ -13,6 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
+from tests.hostile_inputs import lark_chain, nested_schema, ref_chain
 from tests.server.conftest import MODEL
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -45,23 +46,6 @@ def assert_400(r: httpx.Response, param: str | None = None, says: str | None = N
     if says is not None:
         assert says in err["message"], err
     return err
-
-
-def nested_schema(depth: int) -> dict:
-    schema: dict = {"type": "string"}
-    for _ in range(depth):
-        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
-    return schema
-
-
-def ref_chain(n: int) -> dict:
-    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
-    defs[f"d{n}"] = {"type": "string"}
-    return {"$ref": "#/$defs/d0", "$defs": defs}
-
-
-def lark_chain(n: int) -> str:
-    return "\n".join(["start: r0", *(f"r{i}: r{i + 1}" for i in range(n)), f'r{n}: "x"'])
 
 
 def json_schema_format(schema: dict) -> dict:

@@ -11,6 +11,7 @@ import textwrap
 import llguidance
 import pytest
 
+from tests.hostile_inputs import lark_chain, nested_schema, ref_chain
 from tests.tiny_models import embedded_tokenizer
 from tokenmill.sampling_params import RepetitionDetection, SamplingParams
 from tokenmill.structured.closing import char_tokens, path_to_close
@@ -18,24 +19,6 @@ from tokenmill.structured.grammar import GrammarCompiler, GrammarError
 from tokenmill.structured.limits import schema_shape
 from tokenmill.structured.loops import RepetitionDetector
 from tokenmill.structured.spec import StructuredOutputsParams
-
-
-def nested_schema(depth: int) -> dict:
-    schema: dict = {"type": "string"}
-    for _ in range(depth):
-        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
-    return schema
-
-
-def ref_chain(n: int) -> dict:
-    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
-    defs[f"d{n}"] = {"type": "string"}
-    return {"$ref": "#/$defs/d0", "$defs": defs}
-
-
-def lark_chain(n: int) -> str:
-    rules = ["start: r0", *(f"r{i}: r{i + 1}" for i in range(n)), f'r{n}: "x"']
-    return "\n".join(rules)
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +64,8 @@ def test_deep_grammars_compile_off_the_callers_stack(kind):
     """With the limits lifted, a 3,000-rule chain overflows an 8 MB thread stack inside
     llguidance (a segfault); on the compiler's large-stack threads it compiles."""
     script = textwrap.dedent(f"""
+        from tests.hostile_inputs import lark_chain, ref_chain
         from tests.tiny_models import embedded_tokenizer
-        from tests.unit.test_constraint_limits import lark_chain, ref_chain
         from tokenmill.structured.grammar import GrammarCompiler
         from tokenmill.structured.limits import ConstraintLimits
         from tokenmill.structured.spec import StructuredOutputsParams

@@ -8,25 +8,22 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.async_llm import GenerationRequest, OutputStream
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.chat_prompt import render_chat_request, request_tools
 from tokenmill.server.constraints import build_constraint, repetition_setting, tools_to_force
 from tokenmill.server.errors import bad_request
+from tokenmill.server.generation import event_stream, final_outputs, respond, submit
 from tokenmill.server.logprobs import chat_logprobs_content
 from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.sampling import chat_logprobs, resolve_max_tokens, to_sampling_params
 from tokenmill.server.state import (
     AccessRecord,
     ServerState,
-    engine_error,
     new_id,
     off_loop,
-    sse_with_errors,
     stream_chunk,
-    until_disconnect,
     usage_dict,
 )
 from tokenmill.structured.tools import (
@@ -79,37 +76,20 @@ async def create_chat_completion(
     params.repetition_detection = repetition_setting(req)
     completion_id = new_id("chatcmpl")
     record = AccessRecord(request_id, completion_id, "chat", len(prompt_ids))
-    try:
-        stream = await engine.add_requests(
-            [
-                GenerationRequest(
-                    completion_id, prompt_ids, params, prompt, req.priority, req.cache_salt
-                )
-            ]
-        )
-    except (ValueError, RuntimeError) as e:
-        raise engine_error(e, request_id) from e
+    stream = await submit(
+        engine,
+        [
+            GenerationRequest(
+                completion_id, prompt_ids, params, prompt, req.priority, req.cache_salt
+            )
+        ],
+        request_id,
+    )
     chat = _ChatOutput(state, req, completion_id, model, request_tools(req) is not None, top)
     if req.stream:
-        return StreamingResponse(
-            sse_with_errors(chat.stream(stream, record), request_id),
-            media_type="text/event-stream",
-            headers={"X-Request-Id": request_id},
-        )
-    try:
-        final = (await until_disconnect(raw, stream.final_outputs()))[completion_id]
-    except (ValueError, RuntimeError) as e:
-        raise engine_error(e, request_id) from e
-    finally:
-        if not stream.finished:  # client gone or failed: free the engine's blocks
-            stream.abort()
-    body = chat.response(final)
-    record.completion_tokens = body["usage"]["completion_tokens"]
-    record.cached_tokens = final.num_cached_tokens
-    record.first_token = final.metrics.get("first_token_time")
-    record.finish_reasons = [c["finish_reason"] for c in body["choices"]]
-    record.write()
-    return JSONResponse(body, headers={"X-Request-Id": request_id})
+        return event_stream(chat.stream(stream, record), request_id)
+    final = (await final_outputs(raw, stream, request_id))[completion_id]
+    return respond(chat.response(final), [final], record, request_id)
 
 
 class _ChatOutput:

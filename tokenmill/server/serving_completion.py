@@ -8,25 +8,22 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.async_llm import GenerationRequest, OutputStream
 from tokenmill.inputs.prompts import TokenizedPrompt, tokenize_prompts
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.constraints import build_constraint, repetition_setting
 from tokenmill.server.errors import bad_request, from_value_error
+from tokenmill.server.generation import event_stream, final_outputs, respond, submit
 from tokenmill.server.logprobs import completion_logprobs
 from tokenmill.server.protocol import CompletionRequest
 from tokenmill.server.sampling import resolve_max_tokens, to_sampling_params
 from tokenmill.server.state import (
     AccessRecord,
     ServerState,
-    engine_error,
     new_id,
     off_loop,
-    sse_with_errors,
     stream_chunk,
-    until_disconnect,
     usage_dict,
 )
 
@@ -63,34 +60,13 @@ async def create_completion(
         rid = f"{completion_id}-{i}"
         requests.append(GenerationRequest(rid, ids, params, text, req.priority, req.cache_salt))
     record = AccessRecord(request_id, completion_id, "completions", sum(len(p[1]) for p in prompts))
-    try:
-        stream = await engine.add_requests(requests)  # all or none
-    except (ValueError, RuntimeError) as e:
-        raise engine_error(e, request_id) from e
+    stream = await submit(engine, requests, request_id)
     out = _CompletionOutput(state, req, completion_id, model, prompts)
     if req.stream:
-        return StreamingResponse(
-            sse_with_errors(out.stream(stream, record), request_id),
-            media_type="text/event-stream",
-            headers={"X-Request-Id": request_id},
-        )
-    try:
-        finals = await until_disconnect(raw, stream.final_outputs())
-    except (ValueError, RuntimeError) as e:
-        raise engine_error(e, request_id) from e
-    finally:
-        if not stream.finished:  # client gone or failed: free the engine's blocks
-            stream.abort()
-    body = out.response([finals[f"{completion_id}-{i}"] for i in range(len(prompts))])
-    record.completion_tokens = body["usage"]["completion_tokens"]
-    record.cached_tokens = body["usage"]["prompt_tokens_details"]["cached_tokens"]
-    firsts = [
-        f.metrics["first_token_time"] for f in finals.values() if f.metrics.get("first_token_time")
-    ]
-    record.first_token = min(firsts, default=None)
-    record.finish_reasons = [c["finish_reason"] for c in body["choices"]]
-    record.write()
-    return JSONResponse(body, headers={"X-Request-Id": request_id})
+        return event_stream(out.stream(stream, record), request_id)
+    done = await final_outputs(raw, stream, request_id)
+    finals = [done[r.request_id] for r in requests]
+    return respond(out.response(finals), finals, record, request_id)
 
 
 class _CompletionOutput:
