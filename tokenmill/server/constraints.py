@@ -15,10 +15,26 @@ from tokenmill.structured.tools import tool_call_grammar
 
 
 def _spec(param: str, **kwargs: Any) -> StructuredOutputsParams:
+    _check_ints(param, kwargs.get("json"))
     try:
         return StructuredOutputsParams(**kwargs)
     except ValueError as e:
         raise bad_request(f"{param}: {e}", param=param) from e
+
+
+def _check_ints(param: str, schema: Any) -> None:
+    """A schema's integers within 64 bits: it travels to the engine core in msgpack frames,
+    which take [-2**63, 2**64) only."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, int) and not -(2**63) <= node < 2**64:
+            digits = len(str(abs(node)))
+            raise bad_request(f"{param}: holds an integer beyond 64 bits ({digits} digits)", param)
 
 
 def requested_constraints(req: SamplingFields) -> list[tuple[str, StructuredOutputsParams]]:
