@@ -23,24 +23,34 @@ def _reject_constant(name: str) -> Any:
 
 
 def check_json(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
-    """Nesting within max_depth and strings that are valid Unicode (no lone surrogates),
-    checked without recursion."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    """Nesting within max_depth, strings that are valid Unicode (no lone surrogates) and
+    integers msgpack can frame for the engine core ([-2**63, 2**64)), checked without
+    recursion; the error names where (`param`, as pydantic's locations)."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
     while stack:
-        node, depth = stack.pop()
-        if isinstance(node, str):
+        node, depth, path = stack.pop()
+        if isinstance(node, int) and not isinstance(node, bool):
+            if not -(2**63) <= node < 2**64:
+                raise bad_request(
+                    f"{path or 'body'}: the integer {str(node)[:30]} does not fit 64 bits",
+                    param=path or None,
+                )
+        elif isinstance(node, str):
             try:
                 node.encode("utf-8")
             except UnicodeEncodeError as e:
-                raise bad_request(f"the body holds an invalid string: {e.reason}") from None
+                raise bad_request(
+                    f"{path or 'body'}: invalid string ({e.reason})", param=path or None
+                ) from None
         elif isinstance(node, dict | list):
             if depth > max_depth:
                 raise bad_request(f"the body is nested deeper than {max_depth} levels")
             items = node.items() if isinstance(node, dict) else enumerate(node)
             for key, item in items:
+                where = f"{path}.{key}" if path else str(key)
                 if isinstance(key, str):
-                    stack.append((key, depth))
-                stack.append((item, depth + 1))
+                    stack.append((key, depth, where))
+                stack.append((item, depth + 1, where))
 
 
 def decode_json(body: bytes) -> dict[str, Any]:
