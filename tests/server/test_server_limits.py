@@ -70,18 +70,28 @@ def test_a_client_leaving_before_its_first_token_frees_its_slot(small):
     assert done[0].status_code == 200
 
 
-def test_a_call_that_does_not_fit_is_refused_whole(small):
-    body = {"model": MODEL, "prompt": ["a", "b", "c", "d", "e"], "max_tokens": 5, "stream": True}
+def test_a_call_that_does_not_fit_now_is_refused_whole(small):
+    done: list = []
+    runner = long_request(small, done)  # 1 of the 3 places (1 running + 2 waiting) taken
+    body = {"model": MODEL, "prompt": ["a", "b", "c"], "max_tokens": 5, "stream": True}
     r = httpx.post(f"{small.v1}/completions", json=body, timeout=60)
     assert r.status_code == 503 and r.json()["error"]["code"] == "server_busy"
     assert r.headers["retry-after"]
-    assert in_flight(small) == 0  # nothing of it was admitted
-    assert metric(small, "tokenmill:num_requests_running") == 0
+    assert in_flight(small) == 1  # nothing of it was admitted
     assert metric(small, "tokenmill:num_requests_waiting") == 0
-    ok = httpx.post(
-        f"{small.v1}/completions", json={**body, "prompt": ["a", "b", "c"]}, timeout=120
-    )
-    assert ok.status_code == 200
+    runner.join(300)
+    ok = httpx.post(f"{small.v1}/completions", json=body, timeout=120)
+    assert ok.status_code == 200 and len(ok.text.split("[DONE]")) == 2
+
+
+def test_a_call_that_can_never_fit_is_a_400(small):
+    """Not 503: a client honouring Retry-After would retry forever."""
+    for body in ({"prompt": ["a", "b", "c", "d"]}, {"prompt": ["a", "b"], "n": 2}):
+        r = httpx.post(
+            f"{small.v1}/completions", json={"model": MODEL, "max_tokens": 5, **body}, timeout=60
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    assert in_flight(small) == 0
 
 
 # ---------------------------------------------------------------- auth and settings

@@ -101,9 +101,16 @@ def test_requests_of_one_call_are_admitted_together_or_not_at_all(tiny_llama_dir
         )
         await engine.start()
         try:
-            too_many = [GenerationRequest(f"p{i}", [1, 2, 3], params()) for i in range(5)]
-            with pytest.raises(QueueFullError):
-                await engine.add_requests(too_many)
+            never = [GenerationRequest(f"p{i}", [1, 2, 3], params()) for i in range(5)]
+            with pytest.raises(ValueError, match="at most 4"):  # can never fit: a 400
+                await engine.add_requests(never)
+            assert engine.num_in_flight == 0 and not engine.output_processor.requests
+            running = await engine.add_requests([GenerationRequest("r", [1, 2], params(2000))])
+            not_now = [GenerationRequest(f"n{i}", [1, 2, 3], params()) for i in range(4)]
+            with pytest.raises(QueueFullError):  # does not fit next to the running one: 503
+                await engine.add_requests(not_now)
+            assert engine.num_in_flight == 1 and list(engine.output_processor.requests) == ["r"]
+            running.abort()
             assert engine.num_in_flight == 0 and not engine.output_processor.requests
             bad = [
                 GenerationRequest("ok", [1, 2], params()),

@@ -184,6 +184,12 @@ class AsyncLLM:
         for r in requests:
             self.processor.validate(r.prompt_token_ids, r.params)
         wanted = sum(r.params.n for r in requests)
+        if self.max_in_flight is not None and wanted > self.max_in_flight:
+            # never admissible: a client mistake, not "busy" (a retry would loop forever)
+            raise ValueError(
+                f"n: the call asks for {wanted} sequences (prompts x n); the server takes at "
+                f"most {self.max_in_flight} at once"
+            )
         if self.max_in_flight is not None and self.num_in_flight + wanted > self.max_in_flight:
             raise QueueFullError(
                 f"server busy: {self.num_in_flight} sequences in flight, {wanted} more asked "

@@ -22,11 +22,11 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def check_json(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+def check_json(value: Any, max_depth: int = MAX_JSON_DEPTH, path: str = "") -> None:
     """Nesting within max_depth, strings that are valid Unicode (no lone surrogates) and
     integers msgpack can frame for the engine core ([-2**63, 2**64)), checked without
-    recursion; the error names where (`param`, as pydantic's locations)."""
-    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    recursion; the error names where (`param`, as pydantic's locations, below `path`)."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, path)]
     while stack:
         node, depth, path = stack.pop()
         if isinstance(node, int) and not isinstance(node, bool):
@@ -53,16 +53,25 @@ def check_json(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
                 stack.append((item, depth + 1, where))
 
 
-def decode_json(body: bytes) -> dict[str, Any]:
+def parse_json(text: str | bytes, param: str | None = None) -> Any:
+    """Strict JSON (a body, or a JSON document inside a field such as guided_json)."""
+    where = f"{param}: " if param else "the body "
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
-        raise bad_request(f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+        raise bad_request(
+            f"{where}is nested deeper than {MAX_JSON_DEPTH} levels", param=param
+        ) from None
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, huge integers, NaN
-        raise bad_request(f"the body is not valid JSON: {e}") from None
+        raise bad_request(f"{where}is not valid JSON: {e}", param=param) from None
+    check_json(value, path=param or "")
+    return value
+
+
+def decode_json(body: bytes) -> dict[str, Any]:
+    data = parse_json(body)
     if not isinstance(data, dict):
         raise bad_request("the body must be a JSON object")
-    check_json(data)
     return data
 
 

@@ -3,10 +3,10 @@ forced tool calls, loop cut-off. Every problem is a 400 that names the field."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from tokenmill.sampling_params import RepetitionDetection
+from tokenmill.server.body import parse_json
 from tokenmill.server.errors import bad_request
 from tokenmill.server.protocol import ChatCompletionRequest, SamplingFields
 from tokenmill.structured.grammar import GrammarCompiler, GrammarError
@@ -15,26 +15,10 @@ from tokenmill.structured.tools import tool_call_grammar
 
 
 def _spec(param: str, **kwargs: Any) -> StructuredOutputsParams:
-    _check_ints(param, kwargs.get("json"))
     try:
         return StructuredOutputsParams(**kwargs)
     except ValueError as e:
         raise bad_request(f"{param}: {e}", param=param) from e
-
-
-def _check_ints(param: str, schema: Any) -> None:
-    """A schema's integers within 64 bits: it travels to the engine core in msgpack frames,
-    which take [-2**63, 2**64) only."""
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, int) and not -(2**63) <= node < 2**64:
-            digits = len(str(abs(node)))
-            raise bad_request(f"{param}: holds an integer beyond 64 bits ({digits} digits)", param)
 
 
 def requested_constraints(req: SamplingFields) -> list[tuple[str, StructuredOutputsParams]]:
@@ -67,11 +51,8 @@ def requested_constraints(req: SamplingFields) -> list[tuple[str, StructuredOutp
         )
     if req.guided_json is not None:
         schema = req.guided_json
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as e:
-                raise bad_request(f"guided_json: not valid JSON: {e}", "guided_json") from e
+        if isinstance(schema, str):  # checked like a body: it reaches the engine core too
+            schema = parse_json(schema, "guided_json")
         found.append(("guided_json", _spec("guided_json", json=schema)))
     if req.guided_regex is not None:
         found.append(("guided_regex", _spec("guided_regex", regex=req.guided_regex)))

@@ -141,8 +141,14 @@ async def until_disconnect(raw: Request, work: Awaitable[T], poll_s: float = 0.2
             task.cancel()
 
 
+# Line breaks to Python's str.splitlines (and so to clients that split SSE with it) that JSON
+# leaves unescaped when it keeps non-ASCII text as is.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {text.translate(_LINE_BREAKS)}\n\n"
 
 
 def stream_chunk(
