@@ -96,7 +96,7 @@ def test_greedy_loop_is_cut_well_before_max_tokens(embedded_llm):
     # tokens without the cut-off).
     prompt = "List of numbers: 1, 1, 1, 1, 1,"
     loose = embedded_llm.generate(
-        prompt, SamplingParams(temperature=0, max_tokens=400, repetition_detection=False)
+        prompt, SamplingParams(temperature=0, max_tokens=160, repetition_detection=False)
     )
     assert loose[0].outputs[0].finish_reason == "length"
     cut = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=400))[0].outputs[0]

@@ -44,7 +44,7 @@ SERVER_FLAGS = (
 )  # fmt: skip
 # Hypothesis examples per operation in the fuzzing phase (positive and negative); the
 # coverage phase adds its ~1,600 deterministic cases on top.
-CI_EXAMPLES = 120
+CI_EXAMPLES = 80
 SLOW_EXAMPLES = 1000
 # A 200 stream is read up to this many events, then the client hangs up (schemathesis'
 # default is 20): a longer stream also exercises the disconnect path.
@@ -347,11 +347,11 @@ def check_run(server: ServerProcess, report: FuzzReport, min_requests: int) -> N
     assert report.total >= min_requests, report.summary()
     # not a vacuous run: valid bodies got through to generation
     for path in GENERATION_PATHS:
-        assert report.succeeded[f"POST {path}"] >= 50, report.succeeded
+        assert report.succeeded[f"POST {path}"] >= 30, report.succeeded
 
 
 def test_fuzz(fuzz_server):
-    check_run(fuzz_server, run_fuzz(fuzz_server, CI_EXAMPLES), min_requests=2000)
+    check_run(fuzz_server, run_fuzz(fuzz_server, CI_EXAMPLES), min_requests=1950)
 
 
 @pytest.mark.slow

@@ -181,7 +181,7 @@ def test_queue_full_503_and_api_key(tmp_path):
         assert httpx.get(f"{srv.base_url}/health").status_code == 200  # open without a key
         assert httpx.get(f"{srv.v1}/models", headers=auth).status_code == 200
 
-        long_body = {**body, "max_tokens": 200, "ignore_eos": True}
+        long_body = {**body, "max_tokens": 100, "ignore_eos": True}
 
         def send() -> httpx.Response:
             return httpx.post(
