@@ -347,7 +347,7 @@ def check_run(server: ServerProcess, report: FuzzReport, min_requests: int) -> N
     assert report.total >= min_requests, report.summary()
     # not a vacuous run: valid bodies got through to generation
     for path in GENERATION_PATHS:
-        assert report.succeeded[f"POST {path}"] >= 30, report.succeeded
+        assert report.succeeded[f"POST {path}"] >= 15, report.succeeded
 
 
 def test_fuzz(fuzz_server):
