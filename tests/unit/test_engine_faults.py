@@ -73,16 +73,9 @@ def test_no_chunked_prefill_needs_a_budget_for_the_longest_prompt(tiny_llama_dir
     )
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         EngineCore(config)
-    ok = build_engine_config(
-        str(tiny_llama_dir),
-        kv_cache_memory_gib=0.05,
-        enable_chunked_prefill=False,
-        max_num_batched_tokens=256,
-        max_model_len=256,
-    )
     llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.05, enable_chunked_prefill=False,
               max_num_batched_tokens=256, max_model_len=256)  # fmt: skip
-    assert EngineCore(ok).max_model_len == 256
+    assert llm.engine.core.max_model_len == 256
     out = llm.generate([[7] * 200], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4
 

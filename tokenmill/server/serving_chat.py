@@ -25,6 +25,7 @@ from tokenmill.server.state import (
     off_loop,
     stream_chunk,
     usage_dict,
+    usage_options,
 )
 from tokenmill.structured.tools import (
     ContentDelta,
@@ -182,10 +183,7 @@ class _ChatOutput:
 
     async def stream(self, outputs: OutputStream, record: AccessRecord) -> AsyncIterator[str]:
         req = self.req
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(
-            req.stream_options and req.stream_options.continuous_usage_stats
-        )
+        include_usage, continuous = usage_options(req)
         n = req.n
         tokens = [0] * n
         sent_role = [False] * n

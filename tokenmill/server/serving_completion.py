@@ -25,6 +25,7 @@ from tokenmill.server.state import (
     off_loop,
     stream_chunk,
     usage_dict,
+    usage_options,
 )
 
 
@@ -136,10 +137,7 @@ class _CompletionOutput:
 
     async def stream(self, outputs: OutputStream, record: AccessRecord) -> AsyncIterator[str]:
         req = self.req
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(
-            req.stream_options and req.stream_options.continuous_usage_stats
-        )
+        include_usage, continuous = usage_options(req)
         n = req.n
         index_of = {f"{self.completion_id}-{i}": i for i in range(len(self.prompts))}
         counts = [0] * (len(self.prompts) * n)

@@ -173,6 +173,13 @@ def stream_chunk(
     return sse(body)
 
 
+def usage_options(req: Any) -> tuple[bool, bool]:
+    """(usage in the last chunk, usage in every chunk) from `stream_options`."""
+    options = req.stream_options
+    include = bool(options and options.include_usage)
+    return include, include and bool(options.continuous_usage_stats)
+
+
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
