@@ -10,6 +10,9 @@ from tokenmill.sampling_params import RepetitionDetection
 GiB = 1 << 30
 
 
+WEIGHT_FORMATS = ("native", "float32", "bfloat16", "int8")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which model to load and how to run its weights."""
@@ -23,14 +26,31 @@ class ModelConfig:
     quantization: str | None = None
     max_model_len: int | None = None  # None: the model's context length
     seed: int = 0
+    # How weights run (--weights): "native" (GGUF Q4_0 / Q4_1 / Q8_0 kept packed and used by
+    # native kernels), "float32", "bfloat16" or "int8". None: from dtype / quantization, the
+    # older spelling of the same choice.
+    weights: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype: unsupported value {self.dtype!r}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization: unsupported value {self.quantization!r}")
+        if self.weights is not None:
+            if self.weights not in WEIGHT_FORMATS:
+                raise ValueError(
+                    f"weights: unsupported value {self.weights!r} (one of {WEIGHT_FORMATS})"
+                )
+            if self.dtype != "float32" or self.quantization is not None:
+                raise ValueError("weights: give --weights or --dtype/--quantization, not both")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError("max_model_len: must be positive")
+
+    @property
+    def weight_format(self) -> str:
+        if self.weights is not None:
+            return self.weights
+        return "int8" if self.quantization == "int8" else self.dtype
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from tokenmill.config import (
+    WEIGHT_FORMATS,
     CacheConfig,
     EngineConfig,
     GiB,
@@ -23,13 +24,20 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="GGUF file or HF folder (default: embedded SmolLM2-135M-Instruct)",
     )
     g.add_argument(
+        "--weights",
+        choices=list(WEIGHT_FORMATS),
+        default=None,
+        help="how weights run: native (GGUF Q4_0/Q4_1/Q8_0 kept packed, native kernels), "
+        "float32 (the file dequantized; the default), bfloat16, int8",
+    )
+    g.add_argument(
         "--dtype",
         choices=["float32", "bfloat16"],
         default="float32",
-        help="linear layers' dtype (bfloat16: bf16 GEMMs, fp32 accumulation and the rest)",
+        help="older spelling of --weights float32|bfloat16",
     )
     g.add_argument(
-        "--quantization", choices=["int8"], default=None, help="weight quantization at load time"
+        "--quantization", choices=["int8"], default=None, help="older spelling of --weights int8"
     )
     g.add_argument(
         "--max-model-len", type=int, default=None, help="context length (default: the model's)"
@@ -80,6 +88,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return dict(
         dtype=args.dtype,
         quantization=args.quantization,
+        weights=args.weights,
         max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory,
         block_size=args.block_size,
@@ -103,6 +112,7 @@ def build_engine_config(
     *,
     dtype: str = "float32",
     quantization: str | None = None,
+    weights: str | None = None,
     max_model_len: int | None = None,
     seed: int = 0,
     block_size: int = 16,
@@ -122,7 +132,7 @@ def build_engine_config(
     kv_events_replay_endpoint: str | None = None,
 ) -> EngineConfig:
     return EngineConfig(
-        model_config=ModelConfig(model, dtype, quantization, max_model_len, seed),
+        model_config=ModelConfig(model, dtype, quantization, max_model_len, seed, weights),
         cache_config=CacheConfig(
             block_size,
             int(kv_cache_memory_gib * GiB),

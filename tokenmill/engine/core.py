@@ -74,7 +74,10 @@ class EngineCore:
         torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.model_config.seed)
         t0 = time.monotonic()
-        files = model_files or load_model_files(config.model_config.model)
+        weights = config.model_config.weight_format
+        files = model_files or load_model_files(
+            config.model_config.model, packed=weights == "native"
+        )
         self.model_name = files.name
         self.tokenizer = files.tokenizer
         arch = files.arch
@@ -83,7 +86,7 @@ class EngineCore:
             arch,
             files.weights,
             max_positions=model_len,
-            method=get_linear_method(config.model_config.quantization, config.model_config.dtype),
+            method=get_linear_method(weights),
             rope_freq_factors=files.rope_freq_factors,
         )
         files.weights.clear()
@@ -140,8 +143,7 @@ class EngineCore:
                     (
                         str(files.path),
                         files.arch,
-                        self.config.model_config.quantization,
-                        self.config.model_config.dtype,
+                        self.config.model_config.weight_format,
                         cache.block_size,
                         kv_dtype,
                     )

@@ -16,7 +16,9 @@ from tokenmill.sampling_params import SamplingParams
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        files = load_model_files(config.model_config.model)
+        files = load_model_files(
+            config.model_config.model, packed=config.model_config.weight_format == "native"
+        )
         self.chat_template = files.chat_template
         self.core = EngineCore(config, files)
         self.tokenizer = self.core.tokenizer

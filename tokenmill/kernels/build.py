@@ -21,8 +21,8 @@ from pathlib import Path
 import torch  # noqa: F401  (loads torch's libgomp first: the kernels then share its OpenMP runtime)
 
 logger = logging.getLogger(__name__)
-_SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.c"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_kernels.c", "quant_kernels.c")]
+_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 
 def _cache_dir() -> Path:
@@ -47,13 +47,20 @@ def _cpu_signature() -> str:
 def load_kernels() -> ctypes.CDLL | None:
     if os.environ.get("TOKENMILL_DISABLE_KERNELS") == "1":
         return None
+    return build_kernels("native")
+
+
+def build_kernels(march: str) -> ctypes.CDLL | None:
+    """The kernels built for `-march=<march>` ("native" for this CPU; tests build the AVX2
+    and plain x86-64 variants too), cached; None without a working compiler."""
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         logger.warning("no C compiler found: using the pure-torch kernels")
         return None
-    source = _SOURCE.read_bytes()
+    flags = [f"-march={march}", *_FLAGS]
+    source = b"".join(path.read_bytes() for path in _SOURCES)
     key = hashlib.sha256(
-        source + " ".join([cc, *_FLAGS]).encode() + _cpu_signature().encode()
+        source + " ".join([cc, *flags]).encode() + _cpu_signature().encode()
     ).hexdigest()[:16]
     target = _cache_dir() / f"cpu_kernels-{key}.so"
     if not target.exists():
@@ -61,7 +68,9 @@ def load_kernels() -> ctypes.CDLL | None:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
             proc = subprocess.run(
-                [cc, *_FLAGS, str(_SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True
+                [cc, *flags, *map(str, _SOURCES), "-o", str(out), "-lm"],
+                capture_output=True,
+                text=True,
             )
             if proc.returncode != 0:
                 logger.warning("kernel build failed, using pure torch:\n%s", proc.stderr[-2000:])
@@ -100,8 +109,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_silu_mul_quant": [p, i64, i64, p, p, i32],
         "tm_dequant_i32": [p, p, p, p, i64, i64, i32, p, i32],
         "tm_rope_neox": [p, i64, i64, i64, i64, p, p, p, i32],
+        "tm_block_bytes": [i32],
+        "tm_dequant_matrix": [p, i32, i64, i64, p, i32],
+        "tm_dequant_rows": [p, i32, i64, p, i64, p, i32],
+        "tm_qlinear": [p, i64, i64, p, i32, i64, p, p, i32, i32],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = i32 if name == "tm_has_vnni" else None
+        fn.restype = i32 if name in ("tm_has_vnni", "tm_block_bytes") else None

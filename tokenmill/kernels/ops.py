@@ -126,3 +126,39 @@ def paged_attention_decode(
         _p(out), _threads(),
     )  # fmt: skip
     return out
+
+
+def qlinear(
+    x: torch.Tensor,  # [M, K] fp32, contiguous
+    weight,  # PackedWeight [N, K]
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None = None,  # given: accumulate into it (residual add)
+) -> torch.Tensor:
+    m, k = x.shape
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(m, weight.rows, dtype=torch.float32)
+    load_kernels().tm_qlinear(
+        _p(x), m, k, _p(weight.data), weight.qtype, weight.rows, _p(bias), _p(out),
+        int(accumulate), _threads(),
+    )  # fmt: skip
+    return out
+
+
+def dequant_matrix(weight, out: torch.Tensor) -> torch.Tensor:
+    """A PackedWeight into `out` (fp32, at least rows * cols elements); returns the view."""
+    view = out[: weight.rows * weight.cols].view(weight.rows, weight.cols)
+    load_kernels().tm_dequant_matrix(
+        _p(weight.data), weight.qtype, weight.rows, weight.cols, _p(view), _threads()
+    )
+    return view
+
+
+def dequant_rows(weight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of a PackedWeight in fp32 (an embedding lookup)."""
+    ids = ids.to(torch.int64).contiguous()
+    out = torch.empty(ids.numel(), weight.cols, dtype=torch.float32)
+    load_kernels().tm_dequant_rows(
+        _p(weight.data), weight.qtype, weight.cols, _p(ids), ids.numel(), _p(out), _threads()
+    )
+    return out

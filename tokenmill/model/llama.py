@@ -2,7 +2,8 @@
 
 Runs a flat batch of tokens (any mix of prefill chunks and decodes) against the paged KV
 cache. Weights arrive as a name -> tensor dict in Hugging Face naming (loader.py maps GGUF
-names onto it); projections sharing an input are fused (qkv, gate_up).
+names onto it), float32 or, for the native method, packed GGUF blocks; projections sharing
+an input are fused (qkv, gate_up).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tokenmill.kernels import ops
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
 from tokenmill.model.linear import FloatMethod
+from tokenmill.model.packed import PackedWeight, as_float, cat_rows
 from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
 
 
@@ -20,11 +22,11 @@ class LlamaLayer:
     def __init__(
         self, cfg: ArchConfig, weights: dict[str, torch.Tensor], prefix: str, method: FloatMethod
     ):
-        def w(name: str) -> torch.Tensor:
+        def w(name: str) -> torch.Tensor | PackedWeight:
             return weights.pop(prefix + name)
 
         attn = "self_attn."
-        qkv_w = torch.cat(
+        qkv_w = cat_rows(
             [w(attn + "q_proj.weight"), w(attn + "k_proj.weight"), w(attn + "v_proj.weight")]
         )
         qkv_b = None
@@ -36,11 +38,11 @@ class LlamaLayer:
         self.qkv_proj = method.linear(qkv_w, qkv_b)
         self.o_proj = method.linear(w(attn + "o_proj.weight"))
         self.gate_up_proj = method.linear(
-            torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
+            cat_rows([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
         )
         self.down_proj = method.linear(w("mlp.down_proj.weight"))
-        self.input_norm = w("input_layernorm.weight").float().contiguous()
-        self.post_attn_norm = w("post_attention_layernorm.weight").float().contiguous()
+        self.input_norm = as_float(w("input_layernorm.weight")).contiguous()
+        self.post_attn_norm = as_float(w("post_attention_layernorm.weight")).contiguous()
         self.eps = cfg.rms_norm_eps
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -89,15 +91,17 @@ class LlamaForCausalLM:
         self.config = cfg
         self.method = method = method or FloatMethod()
         weights = dict(weights)
-        self.embed_tokens = weights.pop("model.embed_tokens.weight").float().contiguous()
+        embed = weights.pop("model.embed_tokens.weight")
+        self.embed_tokens = as_float(embed).contiguous()  # lookups read a few rows
         self.layers = [
             LlamaLayer(cfg, weights, f"model.layers.{i}.", method)
             for i in range(cfg.num_hidden_layers)
         ]
-        self.norm = weights.pop("model.norm.weight").float().contiguous()
+        self.norm = as_float(weights.pop("model.norm.weight")).contiguous()
         lm_head = weights.pop("lm_head.weight", None)
         if lm_head is None or cfg.tie_word_embeddings:
-            lm_head = self.embed_tokens
+            # tied: the native method reads the packed table, the others the float one
+            lm_head = embed if isinstance(embed, PackedWeight) else self.embed_tokens
         self.lm_head = method.linear(lm_head)
         leftover = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
         if leftover:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.chat_template import ChatTemplate
 from tokenmill.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
+from tokenmill.model.packed import PACKED_TYPES, PackedWeight
 from tokenmill.model.tokenizer import Tokenizer, tokenizer_from_files, tokenizer_from_gguf
 
 
@@ -23,7 +25,8 @@ class ModelFiles:
     name: str
     path: Path
     arch: ArchConfig
-    weights: dict[str, torch.Tensor]  # Hugging Face names, float32
+    # Hugging Face names; float32, or packed GGUF blocks when loaded with packed=True
+    weights: dict[str, torch.Tensor | PackedWeight]
     tokenizer: Tokenizer
     chat_template: ChatTemplate
     rope_freq_factors: torch.Tensor | None = None
@@ -41,18 +44,20 @@ def resolve_model_path(model: str | None) -> tuple[str, Path]:
     return name, path
 
 
-def load_model_files(model: str | None, with_weights: bool = True) -> ModelFiles:
+def load_model_files(
+    model: str | None, with_weights: bool = True, packed: bool = False
+) -> ModelFiles:
     """Reads a model; `with_weights=False` reads only what a front end needs (tokenizer,
     chat template, architecture), which is fast."""
     name, path = resolve_model_path(model)
     if path.is_file() and path.suffix == ".gguf":
-        return _load_gguf(name, path, with_weights)
+        return _load_gguf(name, path, with_weights, packed)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         if (path / "config.json").exists():
             return _load_hf_folder(name, path, with_weights)
         if len(ggufs) == 1:
-            return _load_gguf(name, ggufs[0], with_weights)
+            return _load_gguf(name, ggufs[0], with_weights, packed)
     raise ValueError(
         f"{path}: expected a .gguf file or a folder with config.json and *.safetensors"
     )
@@ -109,7 +114,20 @@ def dequantize_tensor(tensor) -> np.ndarray:
     return data.reshape(shape)
 
 
-def _load_gguf(name: str, path: Path, with_weights: bool) -> ModelFiles:
+def _packed(tensor) -> PackedWeight | None:
+    """The tensor as stored, if it is a 2-D weight in a format the native kernels run."""
+    qtype = int(tensor.tensor_type)
+    if qtype not in PACKED_TYPES or len(tensor.shape) != 2:
+        return None
+    cols, rows = (int(d) for d in tensor.shape)
+    with warnings.catch_warnings():  # the file's read-only memory map: never written to
+        warnings.simplefilter("ignore", UserWarning)
+        data = torch.from_numpy(np.ascontiguousarray(tensor.data, dtype=np.uint8))
+    return PackedWeight(qtype, rows, cols, data.view(rows, -1))
+
+
+def _load_gguf(name: str, path: Path, with_weights: bool, packed: bool = False) -> ModelFiles:
+    """`packed`: 2-D weights in Q4_0 / Q4_1 / Q8_0 stay as the file stores them."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
@@ -122,10 +140,11 @@ def _load_gguf(name: str, path: Path, with_weights: bool) -> ModelFiles:
     )
     # llama.cpp permutes q/k rows for the "llama" architecture only (Mistral ships as llama).
     permuted = meta["general.architecture"] in ("llama", "mistral")
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor | PackedWeight] = {}
     rope_freq_factors = None
     for tname, tensor in tensors.items() if with_weights else ():
-        data = dequantize_tensor(tensor)
+        kept = _packed(tensor) if packed else None
+        data = dequantize_tensor(tensor) if kept is None else None
         if tname == "rope_freqs.weight":
             rope_freq_factors = torch.from_numpy(data.copy())
             continue
@@ -135,15 +154,25 @@ def _load_gguf(name: str, path: Path, with_weights: bool) -> ModelFiles:
             if rest not in _GGUF_LAYER_TO_HF:
                 raise ValueError(f"{path}: unsupported tensor {tname}")
             hf_name = f"model.layers.{layer}.{_GGUF_LAYER_TO_HF[rest]}"
+            heads = None
             if permuted and rest in ("attn_q.weight", "attn_q.bias"):
-                data = unpermute_rope_weight(data, arch.num_attention_heads)
+                heads = arch.num_attention_heads
             elif permuted and rest in ("attn_k.weight", "attn_k.bias"):
-                data = unpermute_rope_weight(data, arch.num_key_value_heads)
+                heads = arch.num_key_value_heads
+            if heads is not None and kept is not None:
+                order = unpermute_rope_weight(np.arange(kept.rows)[:, None], heads).ravel()
+                kept = kept.permute_rows(order)
+            elif heads is not None:
+                data = unpermute_rope_weight(data, heads)
         elif tname in _GGUF_TO_HF:
             hf_name = _GGUF_TO_HF[tname]
         else:
             raise ValueError(f"{path}: unsupported tensor {tname}")
-        weights[hf_name] = torch.from_numpy(np.array(data, dtype=np.float32, order="C"))
+        weights[hf_name] = (
+            kept
+            if kept is not None
+            else torch.from_numpy(np.array(data, dtype=np.float32, order="C"))
+        )
     tokenizer = tokenizer_from_gguf(meta)
     template = ChatTemplate(
         meta.get("tokenizer.chat_template"), tokenizer.bos_token, tokenizer.eos_token
