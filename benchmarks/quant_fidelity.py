@@ -1,10 +1,10 @@
-"""Fidelity of int8 (W8A8) and bfloat16 against float32 on the same model, reported the way
-llama.cpp's `llama-perplexity --kl-divergence` does: mean KL divergence, how often the top
-token agrees ("same top"), RMS of the probability difference of the reference top token, and
-perplexity of both.
+"""Fidelity of native weights, int8 (W8A8) and bfloat16 against float32 on the same model,
+reported the way llama.cpp's `llama-perplexity --kl-divergence` does: mean KL divergence,
+how often the top token agrees ("same top"), RMS of the probability difference of the
+reference top token, and perplexity of both.
 
     python benchmarks/quant_fidelity.py [--model PATH] [--tokens 2048] [--ctx 512]
-        [--variants int8,bfloat16]
+        [--variants native,int8,bfloat16]
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def kl_stats(
 
 
 VARIANTS = {
-    "int8": ("int8 (W8A8, per-channel weights, per-row activations)", {"quantization": "int8"}),
-    "bfloat16": ("bfloat16 (bf16 weights and GEMM inputs, fp32 rest)", {"dtype": "bfloat16"}),
+    "native": ("native (the file's packed blocks, exact in-kernel dequant)", {"weights": "native"}),
+    "int8": ("int8 (W8A8, per-channel weights, per-row activations)", {"weights": "int8"}),
+    "bfloat16": ("bfloat16 (bf16 weights and GEMM inputs, fp32 rest)", {"weights": "bfloat16"}),
 }
 
 
@@ -84,7 +85,7 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--variants", default="int8,bfloat16")
+    ap.add_argument("--variants", default="native,int8,bfloat16")
     args = ap.parse_args()
     for variant in args.variants.split(","):
         stats = measure(args.model, args.tokens, args.ctx, variant)

@@ -9,9 +9,12 @@ the script prints one table, the ratios, and the machine's physical limits measu
 same run.
 
 Systems
+    tokenmill native    LLM(weights="native"): the Q4_1 file's weights kept packed, native
+                        kernels (fp32 activations, exact in-kernel dequantization)
+    tokenmill native Q8_0   the same on the Q8_0 copy of the file (make_gguf_variants.sh)
     tokenmill fp32      LLM() with its defaults (float32 weights, dequantized from the GGUF)
-    tokenmill bf16      LLM(dtype="bfloat16") (bf16 linear layers)
-    tokenmill int8      LLM(quantization="int8") (W8A8)
+    tokenmill bf16      LLM(weights="bfloat16") (bf16 linear layers)
+    tokenmill int8      LLM(weights="int8") (W8A8)
     HF fp32             transformers AutoModelForCausalLM.from_pretrained(dir, gguf_file=...,
                         dtype=float32), generate() greedy, KV cache on, batched with left padding
     llama.cpp Q4_1/F16/F32   llama-bench and llama-batched-bench on the GGUF variants made by
@@ -46,7 +49,8 @@ Prompts are random token ids in [100, 40000) from a fixed seed, identical for to
 generate before timing. The physical limits are measured with torch at the same thread count:
 memory read bandwidth (torch.sum over 1 GiB of float32, best of 5), fp32 GEMM peak (torch.mm
 2048x2048, best of 5), and the ideal single-stream decode ceiling = bandwidth / bytes of
-weights read per token (all parameters, at 4 bytes for fp32 and 1 byte for int8).
+weights read per token (all parameters, at 4 bytes for fp32 and 1 byte for int8; the
+file's tensor bytes for native).
 
 The machine should be otherwise idle: the load average is printed before and after.
 """
@@ -268,6 +272,13 @@ def count_gguf_params(path: Path) -> int:
     return sum(int(t.n_elements) for t in GGUFReader(str(path)).tensors)
 
 
+def gguf_tensor_bytes(path: Path) -> int:
+    """What native weights read per token: every tensor at its stored size."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
+
+
 def l3_cache_size() -> str:
     try:
         size = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
@@ -311,7 +322,12 @@ def measure_limits(threads: int, sizes: Sizes, model_path: Path) -> Limits:
         gemm_gflops=gemm,
         n_params=n_params,
         l3_cache=l3_cache_size(),
-        bytes_per_token={"fp32": 4.0 * n_params, "bf16": 2.0 * n_params, "int8": 1.0 * n_params},
+        bytes_per_token={
+            "native": float(gguf_tensor_bytes(model_path)),
+            "fp32": 4.0 * n_params,
+            "bf16": 2.0 * n_params,
+            "int8": 1.0 * n_params,
+        },
     )
 
 
@@ -320,18 +336,18 @@ def measure_limits(threads: int, sizes: Sizes, model_path: Path) -> Limits:
 
 def bench_tokenmill(
     name: str,
-    quantization: str | None,
+    weights: str,
     sizes: Sizes,
     work: Workload,
     threads: int,
-    dtype: str = "float32",
+    model: Path | None = None,
 ) -> Result:
     from tokenmill import LLM, SamplingParams
 
     result = Result(name)
     llm = LLM(
-        dtype=dtype,
-        quantization=quantization,
+        str(model) if model else None,
+        weights=weights,
         max_num_seqs=max(sizes.batch, 4),
         kv_cache_memory_gib=1.0,
         num_threads=threads,
@@ -632,7 +648,12 @@ def limit_lines(limits: Limits, results: Sequence[Result]) -> list[str]:
         f"fp32 GEMM peak: {limits.gemm_gflops:,.0f} GFLOP/s (torch.mm 2048x2048)",
     ]
     decode = {r.system: r.decode_tps for r in results if r.error is None}
-    systems = (("fp32", "tokenmill fp32"), ("bf16", "tokenmill bf16"), ("int8", "tokenmill int8"))
+    systems = (
+        ("native", "tokenmill native"),
+        ("fp32", "tokenmill fp32"),
+        ("bf16", "tokenmill bf16"),
+        ("int8", "tokenmill int8"),
+    )
     for precision, system in systems:
         ceiling = limits.ceiling(precision)
         line = (
@@ -728,9 +749,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         variants = [v.strip() for v in args.llama_cpp_variants.split(",") if v.strip()]
         jobs += llama_cpp_jobs(variants, sizes, threads)
     jobs += [
-        ("tokenmill fp32", lambda: bench_tokenmill("tokenmill fp32", None, sizes, work, threads)),
+        (
+            "tokenmill native",
+            lambda: bench_tokenmill("tokenmill native", "native", sizes, work, threads),
+        ),
+        (
+            "tokenmill fp32",
+            lambda: bench_tokenmill("tokenmill fp32", "float32", sizes, work, threads),
+        ),
         ("tokenmill int8", lambda: bench_tokenmill("tokenmill int8", "int8", sizes, work, threads)),
     ]
+    q8 = llama_cpp_dirs()[1] / f"{MODEL_STEM}.Q8_0.gguf"
+    if q8.is_file():
+        jobs.insert(
+            len(jobs) - 2,
+            (
+                "tokenmill native Q8_0",
+                lambda: bench_tokenmill(
+                    "tokenmill native Q8_0", "native", sizes, work, threads, q8
+                ),
+            ),
+        )
     if not args.skip_hf:
         jobs.append(("HF transformers fp32", lambda: bench_hf(sizes, work, model_path, threads)))
     # Last: once oneDNN has run bf16 (AMX) GEMMs in a process, the int8 kernel's single-row
@@ -738,7 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     jobs.append(
         (
             "tokenmill bf16",
-            lambda: bench_tokenmill("tokenmill bf16", None, sizes, work, threads, "bfloat16"),
+            lambda: bench_tokenmill("tokenmill bf16", "bfloat16", sizes, work, threads),
         )
     )
 

@@ -50,6 +50,7 @@ class EngineCoreProc:
             "block_size": core.kv_manager.block_size,
             "vocab_size": core.vocab_size,
             "model_name": core.model_name,
+            "weights": core.config.model_config.weight_format,
             "pid": os.getpid(),
         }
         self.output.send_multipart([b"READY", pack(info)])
