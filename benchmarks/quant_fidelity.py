@@ -1,97 +1,168 @@
-"""Fidelity of native weights, int8 (W8A8) and bfloat16 against float32 on the same model,
-reported the way llama.cpp's `llama-perplexity --kl-divergence` does: mean KL divergence,
-how often the top token agrees ("same top"), RMS of the probability difference of the
-reference top token, and perplexity of both.
+"""KL divergence of every weight scheme from float32 on the embedded model, next to
+llama.cpp's own `llama-perplexity --kl-divergence` of its conversions of the same weights,
+in one run on the same text, context and chunks.
 
-    python benchmarks/quant_fidelity.py [--model PATH] [--tokens 2048] [--ctx 512]
-        [--variants native,int8,bfloat16]
+    python benchmarks/quant_fidelity.py [--chunks 5] [--ctx 512] [--markdown PATH]
+        [--skip-llama-cpp] [--threads N]
+
+Reference on both sides: the embedded Q4_1 file dequantized to float32 (tokenmill's
+`--weights float32`; llama.cpp's F32 copy made by benchmarks/peers/make_gguf_variants.sh).
+Text: tokenmill/quant/data/evaluation.txt; chunks of --ctx tokens, the second half of each
+scored (llama-perplexity's protocol, which tokenmill.quant.kld follows). tokenmill's
+at-load formats quantize the dequantized weights with gguf-py's reference quantizers, as
+llama-quantize --allow-requantize does, and keep the output layer in q8_0 as it does.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import pydoc
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
 
 import torch
 
-from tokenmill.engine.arg_utils import build_engine_config
-from tokenmill.engine.core import EngineCore
-from tokenmill.engine.scoring import sequence_logits
+from tokenmill.quant.fidelity import FidelityBench
+from tokenmill.quant.plan import QuantPlan
+from tokenmill.quant.texts import EVALUATION_TEXT
 
+PEER_DIR = Path(os.environ.get("TOKENMILL_CACHE") or Path.home() / ".cache" / "tokenmill")
+PEER_DIR = PEER_DIR / "llama.cpp-0.3.36"
+MODEL = "SmolLM2-135M-Instruct"
 
-def evaluation_text() -> str:
-    """English prose that ships with Python (no downloads): stdlib module documentation."""
-    import collections
-    import json
-    import logging
-    import subprocess
-    import threading
+# (label, plan, the llama.cpp conversion it pairs with)
+ROWS = [
+    ("native (the file: Q4_1, output Q8_0)", QuantPlan("native"), "Q4_1"),
+    ("q8_0", QuantPlan("q8_0"), "Q8_0"),
+    ("q5_1", QuantPlan("q5_1"), "Q5_1"),
+    ("q5_0", QuantPlan("q5_0"), "Q5_0"),
+    ("q4_1", QuantPlan("q4_1"), "Q4_1"),
+    ("q4_0", QuantPlan("q4_0"), "Q4_0"),
+    ("q4_0 + calibration (AWQ)", QuantPlan("q4_0", calibration="builtin"), None),
+    ("q4_0, output q4_0 too", QuantPlan("q4_0", (("lm_head", "q4_0"),)), None),
+    ("int8 (W8A8)", QuantPlan("int8"), None),
+    ("int8 + calibration (SmoothQuant)", QuantPlan("int8", calibration="builtin"), None),
+    ("bfloat16", QuantPlan("bfloat16"), "F16"),
+]
+EXTRA_PEERS = ["Q4_K_M"]
 
-    parts = [pydoc.getdoc(m) for m in (subprocess, logging, json, threading, collections)]
-    parts += [
-        pydoc.getdoc(f) for f in (subprocess.run, logging.basicConfig, json.dumps, threading.Thread)
-    ]
-    return "\n\n".join(parts)
-
-
-def kl_stats(
-    ref_logits: torch.Tensor, test_logits: torch.Tensor, targets: torch.Tensor
-) -> dict[str, float]:
-    ref_lp = ref_logits.log_softmax(-1)
-    test_lp = test_logits.log_softmax(-1)
-    kl = (ref_lp.exp() * (ref_lp - test_lp)).sum(-1)
-    ref_top = ref_lp.argmax(-1)
-    same_top = (ref_top == test_lp.argmax(-1)).float().mean().item()
-    dp = ref_lp.exp().gather(1, ref_top[:, None]) - test_lp.exp().gather(1, ref_top[:, None])
-    nll_ref = -ref_lp.gather(1, targets[:, None]).mean().item()
-    nll_test = -test_lp.gather(1, targets[:, None]).mean().item()
-    return {
-        "mean_kld": kl.mean().item(),
-        "p99_kld": kl.quantile(0.99).item(),
-        "same_top_pct": 100 * same_top,
-        "rms_dp_pct": 100 * dp.pow(2).mean().sqrt().item(),
-        "ppl_ref": math.exp(nll_ref),
-        "ppl_test": math.exp(nll_test),
-    }
-
-
-VARIANTS = {
-    "native": ("native (the file's packed blocks, exact in-kernel dequant)", {"weights": "native"}),
-    "int8": ("int8 (W8A8, per-channel weights, per-row activations)", {"weights": "int8"}),
-    "bfloat16": ("bfloat16 (bf16 weights and GEMM inputs, fp32 rest)", {"weights": "bfloat16"}),
+_PATTERNS = {
+    "ppl_test": r"Mean PPL\(Q\)\s*:\s*([\d.]+)",
+    "ppl_ref": r"Mean PPL\(base\)\s*:\s*([\d.]+)",
+    "mean_kld": r"Mean\s+KLD:\s*([-\d.]+)",
+    "p99_kld": r"99\.0%\s+KLD:\s*([-\d.]+)",
+    "max_kld": r"Maximum KLD:\s*([-\d.]+)",
+    "rms_dp_pct": r"RMS Δp\s*:\s*([\d.]+)",
+    "same_top_pct": r"Same top p:\s*([\d.]+)",
 }
 
 
-def measure(
-    model: str | None, num_tokens: int, ctx: int, variant: str = "int8"
-) -> dict[str, float]:
-    ref = EngineCore(build_engine_config(model, kv_cache_memory_gib=0.25))
-    test = EngineCore(build_engine_config(model, kv_cache_memory_gib=0.25, **VARIANTS[variant][1]))
-    ids = ref.tokenizer.encode(evaluation_text())[:num_tokens]
-    ref_all, test_all, targets = [], [], []
-    for start in range(0, len(ids) - 1, ctx):
-        window = ids[start : start + ctx + 1]
-        if len(window) < 2:
-            break
-        ref_all.append(sequence_logits(ref, window[:-1]))
-        test_all.append(sequence_logits(test, window[:-1]))
-        targets.append(torch.tensor(window[1:]))
-    return kl_stats(torch.cat(ref_all), torch.cat(test_all), torch.cat(targets))
+def llama_cpp_kld(
+    variants: list[str], ctx: int, chunks: int, threads: int
+) -> dict[str, dict[str, float]]:
+    binary = PEER_DIR / "bin" / "llama-perplexity"
+    models = PEER_DIR / "models"
+    base_model = models / f"{MODEL}.F32.gguf"
+    if not binary.exists() or not base_model.exists():
+        print(f"(llama.cpp skipped: {binary} or {base_model} missing; see benchmarks/peers)")
+        return {}
+    common = ["-f", str(EVALUATION_TEXT), "-c", str(ctx), "--chunks", str(chunks)]
+    common += ["-t", str(threads), "-b", str(ctx)]
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = os.path.join(tmp, "base.kld")
+        subprocess.run(
+            [str(binary), "-m", str(base_model), *common, "--kl-divergence-base", base],
+            check=True,
+            capture_output=True,
+        )
+        for variant in variants:
+            path = models / f"{MODEL}.{variant}.gguf"
+            if not path.exists():
+                continue
+            proc = subprocess.run(
+                [str(binary), "-m", str(path), *common, "--kl-divergence-base", base,
+                 "--kl-divergence"],
+                capture_output=True,
+                text=True,
+            )  # fmt: skip
+            text = proc.stdout + proc.stderr
+            figures = {}
+            for key, pattern in _PATTERNS.items():
+                match = re.search(pattern, text)
+                if match:
+                    figures[key] = float(match.group(1))
+            results[variant] = figures
+    return results
+
+
+def _cells(fig: dict | None) -> list[str]:
+    if not fig or "mean_kld" not in fig:
+        return ["", "", "", ""]
+    return [
+        f"{fig['mean_kld']:.5f}",
+        f"{fig.get('p99_kld', float('nan')):.4f}",
+        f"{fig.get('same_top_pct', float('nan')):.2f}",
+        f"{fig.get('ppl_test', float('nan')):.3f}",
+    ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--variants", default="native,int8,bfloat16")
+    ap.add_argument("--chunks", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--markdown", default=None)
+    ap.add_argument("--skip-llama-cpp", action="store_true")
     args = ap.parse_args()
-    for variant in args.variants.split(","):
-        stats = measure(args.model, args.tokens, args.ctx, variant)
-        print(f"{VARIANTS[variant][0]} vs float32 over {args.tokens} tokens:")
-        for key, value in stats.items():
-            print(f"  {key:14s} {value:.5f}")
+    torch.set_num_threads(args.threads)
+
+    bench = FidelityBench(None, None, args.ctx, args.chunks)
+    ours = {}
+    for label, plan, _ in ROWS:
+        try:
+            ours[label] = bench.measure(plan).to_dict()
+        except ValueError as e:  # a format this build cannot run
+            print(f"({label}: {e})")
+        print(f"tokenmill {label}: {_cells(ours.get(label))}", flush=True)
+    q4km = PEER_DIR / "models" / f"{MODEL}.Q4_K_M.gguf"
+    if q4km.exists():  # the same file both ways: tokenmill native vs llama.cpp
+        try:
+            report = bench.measure_file(str(q4km), QuantPlan("native"))
+            ours["native on the Q4_K_M file"] = report.to_dict()
+        except ValueError as e:
+            print(f"(native on the Q4_K_M file: {e})")
+    peers = {}
+    if not args.skip_llama_cpp:
+        wanted = sorted({p for _, _, p in ROWS if p} | set(EXTRA_PEERS))
+        peers = llama_cpp_kld(wanted, args.ctx, args.chunks, args.threads)
+
+    lines = [
+        f"KL divergence from float32, {bench.chunks.num_scored} tokens "
+        f"({len(bench.chunks.chunks)} chunks of {args.ctx}, second halves scored), "
+        f"float32 perplexity {next(iter(ours.values()))['ppl_ref']:.3f}",
+        "",
+        "| tokenmill scheme | mean KLD | p99 KLD | same top % | PPL "
+        "| llama.cpp file | mean KLD | p99 KLD | same top % | PPL |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for label, _, peer in ROWS:
+        lines.append(
+            "| " + " | ".join([label, *_cells(ours.get(label)), peer or "",
+                               *_cells(peers.get(peer))]) + " |"
+        )  # fmt: skip
+    if "native on the Q4_K_M file" in ours or "Q4_K_M" in peers:
+        lines.append(
+            "| " + " | ".join(["native on the Q4_K_M file",
+                               *_cells(ours.get("native on the Q4_K_M file")), "Q4_K_M",
+                               *_cells(peers.get("Q4_K_M"))]) + " |"
+        )  # fmt: skip
+    text = "\n".join(lines)
+    print("\n" + text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
 
 
 if __name__ == "__main__":

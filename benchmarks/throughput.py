@@ -9,10 +9,10 @@ the script prints one table, the ratios, and the machine's physical limits measu
 same run.
 
 Systems
-    tokenmill native    LLM(weights="native"): the Q4_1 file's weights kept packed, native
-                        kernels (fp32 activations, exact in-kernel dequantization)
+    tokenmill native    LLM() with its defaults (weights="native"): the Q4_1 file's weights kept
+                        packed, native kernels (fp32 activations, exact in-kernel dequantization)
     tokenmill native Q8_0   the same on the Q8_0 copy of the file (make_gguf_variants.sh)
-    tokenmill fp32      LLM() with its defaults (float32 weights, dequantized from the GGUF)
+    tokenmill fp32      LLM(weights="float32") (float32 weights, dequantized from the GGUF)
     tokenmill bf16      LLM(weights="bfloat16") (bf16 linear layers)
     tokenmill int8      LLM(weights="int8") (W8A8)
     HF fp32             transformers AutoModelForCausalLM.from_pretrained(dir, gguf_file=...,

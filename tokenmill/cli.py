@@ -130,7 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(chat, max_tokens=512)
     chat.set_defaults(func=cmd_chat)
 
+    from tokenmill.quant.cli import add_quant_parser
     from tokenmill.server.cli import add_serve_parser
+
+    add_quant_parser(sub)
 
     add_serve_parser(sub, add_engine_args)
     try:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tokenmill.quant.schemes import SCHEMES
 from tokenmill.sampling_params import RepetitionDetection
 
 GiB = 1 << 30
 
 
-WEIGHT_FORMATS = ("native", "float32", "bfloat16", "int8")
+WEIGHT_FORMATS = SCHEMES
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,17 @@ class ModelConfig:
     quantization: str | None = None
     max_model_len: int | None = None  # None: the model's context length
     seed: int = 0
-    # How weights run (--weights): "native" (GGUF Q4_0 / Q4_1 / Q8_0 kept packed and used by
-    # native kernels), "float32", "bfloat16" or "int8". None: from dtype / quantization, the
-    # older spelling of the same choice.
+    # How weights run (--weights, a scheme of quant/plan.py): "native" (the file's GGUF blocks
+    # kept packed and run by native kernels), "float32", "bfloat16", "int8" or a GGUF format
+    # made at load ("q8_0", "q4_0", ...). None: from dtype / quantization, the older spelling,
+    # and by default "native" (the file's format; a float file runs as float32).
     weights: str | None = None
+    # A plan file from `tokenmill quant search` (scheme + per-group formats + calibration).
+    quant_plan: str | None = None
+    # Calibration text for schemes made at load: "builtin" or a file path (None: none).
+    calibration: str | None = None
+    # Refuse to start when the weights' KL divergence from float32 exceeds this.
+    max_kld: float | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
@@ -43,14 +51,36 @@ class ModelConfig:
                 )
             if self.dtype != "float32" or self.quantization is not None:
                 raise ValueError("weights: give --weights or --dtype/--quantization, not both")
+        if self.quant_plan is not None and (self.weights is not None or self.calibration):
+            raise ValueError("quant_plan: the plan sets the weights and calibration; give one")
+        if self.quant_plan is not None and (self.dtype != "float32" or self.quantization):
+            raise ValueError("quant_plan: give --quant-plan or --dtype/--quantization, not both")
+        if self.max_kld is not None and not (self.max_kld >= 0):
+            raise ValueError("max_kld: must be a number >= 0")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError("max_model_len: must be positive")
+        self.plan  # noqa: B018  (validates the scheme / calibration combination now)
 
     @property
     def weight_format(self) -> str:
+        """The scheme most weights run in."""
+        return self.plan.scheme
+
+    @property
+    def plan(self):  # -> QuantPlan
+        from tokenmill.quant.plan import QuantPlan, read_plan
+
+        if self.quant_plan is not None:
+            return read_plan(self.quant_plan)[0]
         if self.weights is not None:
-            return self.weights
-        return "int8" if self.quantization == "int8" else self.dtype
+            scheme = self.weights
+        elif self.quantization == "int8":
+            scheme = "int8"
+        elif self.dtype == "bfloat16":
+            scheme = "bfloat16"
+        else:  # the default: the file's own format (float files run as float32)
+            scheme = "native"
+        return QuantPlan(scheme, calibration=self.calibration)
 
 
 @dataclass(frozen=True)

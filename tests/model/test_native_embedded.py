@@ -1,5 +1,5 @@
-"""The embedded Q4_1 file run natively (packed Q4_1 layers, packed Q8_0 lm_head) against the
-same file dequantized to float32: logits within 1e-3, greedy tokens identical."""
+"""The embedded Q4_1 file run natively (the default: packed Q4_1 layers, packed Q8_0 lm_head)
+against the same file dequantized to float32: logits within 1e-3, greedy tokens identical."""
 
 from __future__ import annotations
 
@@ -15,23 +15,32 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def native_llm():
-    return LLM(kv_cache_memory_gib=0.25, weights="native")
+def float32_llm():
+    llm = LLM(kv_cache_memory_gib=0.25, weights="float32")
+    assert type(llm.engine.core.model.layers[0].qkv_proj).__name__ == "FloatLinear"
+    return llm
 
 
-def test_native_logits_match_float32(embedded_llm, native_llm):
+def test_the_default_runs_the_file_natively(embedded_llm):
+    model = embedded_llm.engine.core.model
+    assert embedded_llm.engine.core.config.model_config.weight_format == "native"
+    assert model.layers[0].qkv_proj.weight.name == "Q4_1"
+    assert model.lm_head.weight.name == "Q8_0"
+
+
+def test_native_logits_match_float32(embedded_llm, float32_llm):
     tok = embedded_llm.get_tokenizer()
     for text in PROMPTS:
         ids = tok.encode(text)
         for chunk in (None, 1):
-            ours = sequence_logits(native_llm.engine.core, ids, chunk_size=chunk)
-            ref = sequence_logits(embedded_llm.engine.core, ids, chunk_size=chunk)
+            ours = sequence_logits(embedded_llm.engine.core, ids, chunk_size=chunk)
+            ref = sequence_logits(float32_llm.engine.core, ids, chunk_size=chunk)
             assert (ours - ref).abs().max().item() <= 1e-3, (text, chunk)
 
 
-def test_native_greedy_64_tokens_identical(embedded_llm, native_llm):
+def test_native_greedy_64_tokens_identical(embedded_llm, float32_llm):
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-    ours = native_llm.generate(PROMPTS, params)
-    ref = embedded_llm.generate(PROMPTS, params)
+    ours = embedded_llm.generate(PROMPTS, params)
+    ref = float32_llm.generate(PROMPTS, params)
     for a, b in zip(ours, ref, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids

@@ -1,6 +1,6 @@
-"""Native GGUF weights (Q4_0, Q4_1, Q8_0 kept packed): the kernels against gguf's reference
-dequantizer, in every build variant (this CPU, AVX2, plain x86-64), and whole models against
-the same file dequantized to float32."""
+"""Native GGUF weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K kept packed): the kernels
+against gguf's reference dequantizer, in every build variant (this CPU, AVX2, plain x86-64),
+and whole models against the same file dequantized to float32."""
 
 from __future__ import annotations
 
@@ -13,9 +13,27 @@ from tests.unit.test_model_parity import PROMPTS, write_gguf
 from tokenmill import LLM, SamplingParams
 from tokenmill.engine.scoring import sequence_logits
 from tokenmill.kernels.build import build_kernels
-from tokenmill.model.packed import PackedWeight, cat_rows
+from tokenmill.model.linear import NativeMethod
+from tokenmill.model.packed import PACKED_TYPES, PackedStack, PackedWeight, block_values, cat_rows
 
 QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+MORE_QTYPES = {"Q5_0": 6, "Q5_1": 7, "Q4_K": 12, "Q6_K": 14}
+ALL_QTYPES = {**QTYPES, **MORE_QTYPES}
+K_QTYPES = ("Q4_K", "Q6_K")  # 256-value super-blocks; gguf-py has no quantizer for them
+
+# where a K-format block keeps its fp16 scales (d, dmin), and a size for them that keeps the
+# dequantized values around 0.1 whatever the random scale and quant bytes
+_K_FP16 = {"Q4_K": ((0, 2e-4), (2, 2e-3)), "Q6_K": ((208, 1e-4),)}
+
+
+def random_k_blocks(qtype: str, rows: int, cols: int, rng) -> np.ndarray:
+    """Random but valid K-format rows: random quant and scale bytes, small finite fp16 d/dmin."""
+    nbytes = PACKED_TYPES[ALL_QTYPES[qtype]][1]
+    blocks = rng.integers(0, 256, (rows * cols // 256, nbytes), dtype=np.uint8)
+    for at, size in _K_FP16[qtype]:
+        scale = (rng.standard_normal(len(blocks)) * size).astype(np.float16)
+        blocks[:, at : at + 2] = scale.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
 
 
 def packed(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedWeight:
@@ -23,9 +41,12 @@ def packed(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedWeight:
     from gguf.quants import quantize
 
     rng = np.random.default_rng(seed)
-    values = rng.standard_normal((rows, cols)).astype(np.float32) * 0.1
-    data = quantize(values, gguf.GGMLQuantizationType[qtype])
-    return PackedWeight(QTYPES[qtype], rows, cols, torch.from_numpy(np.ascontiguousarray(data)))
+    if qtype in K_QTYPES:
+        data = random_k_blocks(qtype, rows, cols, rng)
+    else:
+        values = rng.standard_normal((rows, cols)).astype(np.float32) * 0.1
+        data = quantize(values, gguf.GGMLQuantizationType[qtype])
+    return PackedWeight(ALL_QTYPES[qtype], rows, cols, torch.from_numpy(np.ascontiguousarray(data)))
 
 
 def call_qlinear(lib, x, w, bias, out, accumulate):
@@ -43,12 +64,35 @@ def kernels(request):
     return lib
 
 
-@pytest.mark.parametrize("qtype", list(QTYPES))
+def test_formats_agree_with_ggml():
+    import gguf
+
+    for qtype, (name, nbytes) in PACKED_TYPES.items():
+        ggml = gguf.GGMLQuantizationType(qtype)
+        values, type_bytes = gguf.GGML_QUANT_SIZES[ggml]
+        assert (name, nbytes, block_values(qtype)) == (ggml.name, type_bytes, values)
+    assert block_values(12) == 256 and block_values(6) == 32
+    PackedWeight(12, 2, 512, torch.zeros(2, 288, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        PackedWeight(12, 2, 96, torch.zeros(2, 54, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        PackedWeight(14, 2, 256, torch.zeros(2, 209, dtype=torch.uint8))
+
+
+def test_the_kernels_know_every_format(kernels):
+    for qtype, (_, nbytes) in PACKED_TYPES.items():
+        assert kernels.tm_block_bytes(qtype) == nbytes
+        assert kernels.tm_block_values(qtype) == block_values(qtype)
+    assert kernels.tm_block_bytes(1) == 0 and kernels.tm_block_values(1) == 0  # F16
+
+
+@pytest.mark.parametrize("qtype", list(ALL_QTYPES))
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 20])
 def test_packed_linear_matches_the_reference_dequantizer(kernels, qtype, rows):
-    w = packed(qtype, 72, 96, seed=rows)
+    cols = 512 if qtype in K_QTYPES else 96
+    w = packed(qtype, 72, cols, seed=rows)
     ref_w = w.dequantize()
-    x = torch.randn(rows, 96)
+    x = torch.randn(rows, cols)
     bias = torch.randn(72)
     out = torch.empty(rows, 72)
     call_qlinear(kernels, x, w, bias, out, accumulate=False)
@@ -60,17 +104,20 @@ def test_packed_linear_matches_the_reference_dequantizer(kernels, qtype, rows):
     assert torch.allclose(acc, residual + x @ ref_w.t(), atol=1e-5)
 
 
-@pytest.mark.parametrize("qtype", list(QTYPES))
+@pytest.mark.parametrize("qtype", list(ALL_QTYPES))
 def test_dequantization_is_exact(kernels, qtype):
-    w = packed(qtype, 40, 64, seed=7)
-    out = torch.empty(40, 64)
-    kernels.tm_dequant_matrix(w.data.data_ptr(), w.qtype, 40, 64, out.data_ptr(), 2)
+    cols = 512 if qtype in K_QTYPES else 64
+    w = packed(qtype, 40, cols, seed=7)
+    out = torch.empty(40, cols)
+    kernels.tm_dequant_matrix(w.data.data_ptr(), w.qtype, 40, cols, out.data_ptr(), 2)
     ref = w.dequantize()
-    # one rounding (fused multiply-add) instead of two: at most an ulp apart
+    # Q4_1: one rounding (fused multiply-add) instead of two: at most an ulp apart
     assert torch.allclose(out, ref, rtol=2e-7, atol=1e-9)
+    if qtype in MORE_QTYPES:  # separate multiplies and adds, as gguf's: bit for bit
+        assert torch.equal(out, ref)
     ids = torch.tensor([5, 0, 39, 5], dtype=torch.int64)
-    rows = torch.empty(4, 64)
-    kernels.tm_dequant_rows(w.data.data_ptr(), w.qtype, 64, ids.data_ptr(), 4, rows.data_ptr(), 2)
+    rows = torch.empty(4, cols)
+    kernels.tm_dequant_rows(w.data.data_ptr(), w.qtype, cols, ids.data_ptr(), 4, rows.data_ptr(), 2)
     assert torch.equal(rows, out[ids])
 
 
@@ -79,8 +126,15 @@ def test_fused_projections_stay_packed_when_formats_agree():
     fused = cat_rows([q, k])
     assert isinstance(fused, PackedWeight) and fused.rows == 12
     assert torch.equal(fused.dequantize(), torch.cat([q.dequantize(), k.dequantize()]))
-    mixed = cat_rows([q, packed("Q8_0", 4, 64, 3)])  # formats differ: float
-    assert isinstance(mixed, torch.Tensor) and mixed.shape == (12, 64)
+    v = packed("Q8_0", 4, 64, 3)
+    mixed = cat_rows([q, v])  # formats differ: each part stays packed in its own
+    assert isinstance(mixed, PackedStack) and mixed.shape == (12, 64)
+    linear = NativeMethod().linear(mixed, torch.arange(12.0))
+    assert type(linear).__name__ == "StackedPackedLinear"
+    x = torch.randn(3, 64)
+    expected = x @ torch.cat([q.dequantize(), v.dequantize()]).t() + torch.arange(12.0)
+    assert torch.allclose(linear(x), expected, atol=1e-5)
+    assert isinstance(cat_rows([q, torch.zeros(4, 64)]), torch.Tensor)  # packed + float
 
 
 # ---------------------------------------------------------------- whole models
@@ -97,8 +151,9 @@ def tiny_source():
 def test_native_model_matches_its_file_dequantized(tmp_path, tiny_source, qtype):
     path = tmp_path / f"tiny-{qtype}.gguf"
     write_gguf(tiny_source, path, qtype)
-    reference = LLM(str(path), kv_cache_memory_gib=0.05)
+    reference = LLM(str(path), kv_cache_memory_gib=0.05, weights="float32")
     native = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
+    assert type(reference.engine.core.model.layers[0].qkv_proj).__name__ == "FloatLinear"
     layer = native.engine.core.model.layers[0]
     assert type(layer.qkv_proj).__name__ == "PackedLinear"
     for prompt in PROMPTS:
@@ -106,6 +161,149 @@ def test_native_model_matches_its_file_dequantized(tmp_path, tiny_source, qtype)
             ours = sequence_logits(native.engine.core, prompt, chunk_size=chunk)
             ref = sequence_logits(reference.engine.core, prompt, chunk_size=chunk)
             assert (ours - ref).abs().max().item() <= 1e-3, (qtype, len(prompt), chunk)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    assert [o.outputs[0].token_ids for o in native.generate(prompts, params)] == [
+        o.outputs[0].token_ids for o in reference.generate(prompts, params)
+    ]
+
+
+# A mix of every newer format (as llama.cpp's K-quant files mix them), in a model wide enough
+# for 256-value super-blocks: each format runs in some projection, on both paths.
+MIXED_FORMATS = {
+    "token_embd": "Q5_0",
+    "output": "Q6_K",
+    "blk.0.attn_q": "Q4_K",
+    "blk.0.attn_k": "Q4_K",
+    "blk.0.attn_v": "Q4_K",
+    "blk.0.attn_output": "Q5_1",
+    "blk.0.ffn_gate": "Q4_K",
+    "blk.0.ffn_up": "Q4_K",
+    "blk.0.ffn_down": "Q6_K",
+    "blk.1.attn_q": "Q5_0",
+    "blk.1.attn_k": "Q5_0",
+    "blk.1.attn_v": "Q5_0",
+    "blk.1.attn_output": "Q6_K",
+    "blk.1.ffn_gate": "Q5_1",
+    "blk.1.ffn_up": "Q5_1",
+    "blk.1.ffn_down": "Q4_K",
+}
+
+
+def quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """[n, 256] fp32 -> [n, 144] Q4_K blocks: per 32-value sub-block an unsigned 4-bit code
+    with a 6-bit scale and minimum (a simple quantizer, not llama.cpp's search)."""
+    n = x.shape[0]
+    sub = x.reshape(n, 8, 32)
+    low = np.minimum(sub.min(-1), 0)
+    scale = (sub.max(-1) - low) / 15
+    d = (scale.max(-1, keepdims=True) / 63).astype(np.float16)
+    dmin = (-low.min(-1, keepdims=True) / 63).astype(np.float16)
+    sc = np.clip(np.round(scale / d.astype(np.float32)), 1, 63).astype(np.uint8)
+    mn = np.clip(np.round(-low / dmin.astype(np.float32)), 0, 63).astype(np.uint8)
+    step = (d.astype(np.float32) * sc)[..., None]
+    offset = (dmin.astype(np.float32) * mn)[..., None]
+    q = np.clip(np.round((sub + offset) / step), 0, 15).astype(np.uint8)
+    scales = np.concatenate(  # ggml's get_scale_min_k4 layout
+        [
+            sc[:, :4] | (sc[:, 4:] >> 4) << 6,
+            mn[:, :4] | (mn[:, 4:] >> 4) << 6,
+            (sc[:, 4:] & 0x0F) | (mn[:, 4:] & 0x0F) << 4,
+        ],
+        axis=1,
+    )
+    qs = (q[:, 0::2] | q[:, 1::2] << 4).reshape(n, 128)  # sub-blocks 2i, 2i + 1 share bytes
+    return np.concatenate([d.view(np.uint8), dmin.view(np.uint8), scales, qs], axis=1)
+
+
+def quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    """[n, 256] fp32 -> [n, 210] Q6_K blocks: a signed 6-bit code per value, an int8 scale per
+    16 values."""
+    n = x.shape[0]
+    groups = x.reshape(n, 16, 16)
+    scale = np.abs(groups).max(-1) / 31
+    d = (scale.max(-1, keepdims=True) / 127).astype(np.float16)
+    sc = np.clip(np.round(scale / d.astype(np.float32)), 1, 127).astype(np.int8)
+    step = (d.astype(np.float32) * sc)[..., None]
+    q = (np.clip(np.round(groups / step), -32, 31) + 32).astype(np.uint8).reshape(n, 2, 4, 32)
+    # value 128h + 32t + j: low nibble in ql[64h + 32(t % 2) + j] >> 4(t / 2), high 2 bits in
+    # qh[32h + j] >> 2t
+    ql = ((q[:, :, :2] & 0x0F) | (q[:, :, 2:] & 0x0F) << 4).reshape(n, 128)
+    qh = q[:, :, 0] >> 4 | (q[:, :, 1] >> 4) << 2 | (q[:, :, 2] >> 4) << 4 | (q[:, :, 3] >> 4) << 6
+    return np.concatenate([ql, qh.reshape(n, 64), sc.view(np.uint8), d.view(np.uint8)], axis=1)
+
+
+def quantize_any(x: np.ndarray, qtype: str) -> np.ndarray:
+    import gguf
+    from gguf.quants import quantize
+
+    if qtype == "Q4_K":
+        return quantize_q4_k(x.reshape(-1, 256)).reshape(x.shape[0], -1)
+    if qtype == "Q6_K":
+        return quantize_q6_k(x.reshape(-1, 256)).reshape(x.shape[0], -1)
+    return quantize(x, gguf.GGMLQuantizationType[qtype])
+
+
+@pytest.mark.parametrize("qtype", K_QTYPES)
+def test_the_test_quantizers_write_what_gguf_reads(qtype):
+    """Their blocks, read back by gguf's dequantizer, are the input to within a step."""
+    import gguf
+    from gguf.quants import dequantize
+
+    x = np.random.default_rng(0).standard_normal((16, 512)).astype(np.float32) * 0.1
+    back = dequantize(quantize_any(x, qtype), gguf.GGMLQuantizationType[qtype])
+    step = {"Q4_K": 1 / 15, "Q6_K": 1 / 62}[qtype] * 2 * np.abs(x).max()
+    assert np.abs(back - x).max() <= step and np.abs(back - x).mean() <= step / 4
+
+
+def write_mixed_gguf(model, path, formats: dict[str, str]) -> None:
+    """write_gguf's file with each 2-D tensor in formats[its GGUF name without ".weight"]."""
+    import gguf
+
+    class Writer(gguf.GGUFWriter):
+        def add_tensor(self, name, tensor, *args, raw_dtype=None, **kwargs):
+            qtype = formats.get(name.removesuffix(".weight")) if tensor.ndim == 2 else None
+            if qtype is None or raw_dtype is not None:
+                return super().add_tensor(name, tensor, *args, raw_dtype=raw_dtype, **kwargs)
+            data = quantize_any(tensor, qtype)
+            return super().add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[qtype])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFWriter", Writer)
+        write_gguf(model, path, "F32")  # every 2-D tensor goes through Writer.add_tensor
+
+
+def test_native_model_in_the_newer_formats_matches_its_file_dequantized(tmp_path):
+    from gguf import GGUFReader
+
+    source = make_hf_model(
+        "llama",
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    path = tmp_path / "tiny-mixed.gguf"
+    write_mixed_gguf(source, path, MIXED_FORMATS)
+    stored = {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
+    assert {f"{k}.weight": v for k, v in MIXED_FORMATS.items()}.items() <= stored.items()
+    reference = LLM(str(path), kv_cache_memory_gib=0.05, weights="float32")
+    native = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
+    assert type(reference.engine.core.model.lm_head).__name__ == "FloatLinear"
+    model = native.engine.core.model
+    linears = [model.lm_head] + [
+        getattr(layer, proj)
+        for layer in model.layers
+        for proj in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+    ]
+    assert all(type(lin).__name__ == "PackedLinear" for lin in linears)
+    assert {lin.weight.name for lin in linears} == set(MORE_QTYPES)
+    for prompt in PROMPTS:
+        for chunk in (None, 1, 7):  # GEMM path, then the fused GEMV path (<= 8 rows)
+            tokens = prompt[:16] if chunk == 1 else prompt  # a token at a time: fewer of them
+            ours = sequence_logits(native.engine.core, tokens, chunk_size=chunk)
+            ref = sequence_logits(reference.engine.core, tokens, chunk_size=chunk)
+            assert (ours - ref).abs().max().item() <= 1e-3, (len(tokens), chunk)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     assert [o.outputs[0].token_ids for o in native.generate(prompts, params)] == [

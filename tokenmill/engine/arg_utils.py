@@ -27,8 +27,31 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--weights",
         choices=list(WEIGHT_FORMATS),
         default=None,
-        help="how weights run: native (GGUF Q4_0/Q4_1/Q8_0 kept packed, native kernels), "
-        "float32 (the file dequantized; the default), bfloat16, int8",
+        help="how weights run: native (the default: the file's GGUF blocks kept packed and "
+        "run by native kernels; float files run as float32), float32 (dequantized), "
+        "bfloat16, int8 (W8A8), or a GGUF format made at load (q8_0, q5_1, q5_0, q4_1, "
+        "q4_0; also from safetensors)",
+    )
+    g.add_argument(
+        "--quant-plan",
+        default=None,
+        metavar="FILE",
+        help="a plan from `tokenmill quant search`: scheme, per-group formats, calibration",
+    )
+    g.add_argument(
+        "--calibration",
+        default=None,
+        metavar="TEXT",
+        help="calibrate the int8 / q* schemes made at load (AWQ / SmoothQuant scales) on "
+        "'builtin' (the packaged text) or a text file",
+    )
+    g.add_argument(
+        "--max-kld",
+        type=float,
+        default=None,
+        metavar="X",
+        help="measure the weights' KL divergence from float32 at load (cached) and refuse "
+        "to start above X",
     )
     g.add_argument(
         "--dtype",
@@ -89,6 +112,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         dtype=args.dtype,
         quantization=args.quantization,
         weights=args.weights,
+        quant_plan=args.quant_plan,
+        calibration=args.calibration,
+        max_kld=args.max_kld,
         max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory,
         block_size=args.block_size,
@@ -113,6 +139,9 @@ def build_engine_config(
     dtype: str = "float32",
     quantization: str | None = None,
     weights: str | None = None,
+    quant_plan: str | None = None,
+    calibration: str | None = None,
+    max_kld: float | None = None,
     max_model_len: int | None = None,
     seed: int = 0,
     block_size: int = 16,
@@ -132,7 +161,17 @@ def build_engine_config(
     kv_events_replay_endpoint: str | None = None,
 ) -> EngineConfig:
     return EngineConfig(
-        model_config=ModelConfig(model, dtype, quantization, max_model_len, seed, weights),
+        model_config=ModelConfig(
+            model,
+            dtype,
+            quantization,
+            max_model_len,
+            seed,
+            weights,
+            quant_plan,
+            calibration,
+            max_kld,
+        ),
         cache_config=CacheConfig(
             block_size,
             int(kv_cache_memory_gib * GiB),

@@ -22,7 +22,8 @@ from tokenmill.kv.manager import KVCacheManager, cdiv
 from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
 from tokenmill.model.linear import get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
-from tokenmill.model.loader import ModelFiles, load_model_files
+from tokenmill.model.loader import ModelFiles
+from tokenmill.quant.weights import load_for_plan
 from tokenmill.request import Request, RequestStatus
 from tokenmill.sampling_params import RepetitionDetection
 from tokenmill.scheduler.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
@@ -74,10 +75,8 @@ class EngineCore:
         torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.model_config.seed)
         t0 = time.monotonic()
-        weights = config.model_config.weight_format
-        files = model_files or load_model_files(
-            config.model_config.model, packed=weights == "native"
-        )
+        plan = config.model_config.plan
+        files = model_files or load_for_plan(config.model_config.model, plan)
         self.model_name = files.name
         self.tokenizer = files.tokenizer
         arch = files.arch
@@ -86,10 +85,11 @@ class EngineCore:
             arch,
             files.weights,
             max_positions=model_len,
-            method=get_linear_method(weights),
+            method=get_linear_method(plan.method),
             rope_freq_factors=files.rope_freq_factors,
         )
         files.weights.clear()
+        self.weights_kld = self._check_weights_kld(files)
         cache = config.cache_config
         kv_dtype = torch.float32
         num_blocks = cache.num_blocks_override or max(
@@ -130,6 +130,24 @@ class EngineCore:
             self.max_model_len,
             time.monotonic() - t0,
         )
+
+    def _check_weights_kld(self, files: ModelFiles) -> dict | None:
+        """--max-kld: the weights' KL divergence from float32, measured (or read from the
+        cache) at load; over the budget the engine refuses to start."""
+        model_config = self.config.model_config
+        if model_config.max_kld is None:
+            return None
+        from tokenmill.quant.gate import check_kld, measure_engine_kld
+
+        report = measure_engine_kld(model_config.model, files.path, model_config.plan, self.model)
+        logger.info(
+            "weights %s: mean KLD %.6f from float32 (budget %g)",
+            report["plan"],
+            report["mean_kld"],
+            model_config.max_kld,
+        )
+        check_kld(report, model_config.max_kld)
+        return report
 
     def _build_tiers(self, files: ModelFiles, kv_dtype: torch.dtype) -> TieredStore | None:
         cache = self.config.cache_config

@@ -51,6 +51,8 @@ class EngineCoreProc:
             "vocab_size": core.vocab_size,
             "model_name": core.model_name,
             "weights": core.config.model_config.weight_format,
+            "quant_plan": core.config.model_config.plan.describe(),
+            "weights_kld": core.weights_kld,
             "pid": os.getpid(),
         }
         self.output.send_multipart([b"READY", pack(info)])
@@ -192,9 +194,11 @@ def run_engine_core(
             proc.run()
         finally:
             core.shutdown()
-    except Exception:
+    except Exception as e:
         text = traceback.format_exc()
         logger.error("engine core failed:\n%s", text)
+        if isinstance(e, ValueError):  # a configuration the core refuses: the message says why
+            text = str(e)
         if proc is None:  # report start-up failures to the API process
             ctx = zmq.Context()
             sock = ctx.socket(zmq.PUSH)

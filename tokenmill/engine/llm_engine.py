@@ -9,16 +9,14 @@ from tokenmill.config import EngineConfig
 from tokenmill.engine.core import EngineCore
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.processor import InputProcessor, PromptType
-from tokenmill.model.loader import load_model_files
 from tokenmill.outputs import RequestOutput
+from tokenmill.quant.weights import load_for_plan
 from tokenmill.sampling_params import SamplingParams
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        files = load_model_files(
-            config.model_config.model, packed=config.model_config.weight_format == "native"
-        )
+        files = load_for_plan(config.model_config.model, config.model_config.plan)
         self.chat_template = files.chat_template
         self.core = EngineCore(config, files)
         self.tokenizer = self.core.tokenizer

@@ -110,6 +110,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_dequant_i32": [p, p, p, p, i64, i64, i32, p, i32],
         "tm_rope_neox": [p, i64, i64, i64, i64, p, p, p, i32],
         "tm_block_bytes": [i32],
+        "tm_block_values": [i32],
         "tm_dequant_matrix": [p, i32, i64, i64, p, i32],
         "tm_dequant_rows": [p, i32, i64, p, i64, p, i32],
         "tm_qlinear": [p, i64, i64, p, i32, i64, p, p, i32, i32],
@@ -117,4 +118,4 @@ def _declare(lib: ctypes.CDLL) -> None:
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = i32 if name in ("tm_has_vnni", "tm_block_bytes") else None
+        fn.restype = i32 if name in ("tm_has_vnni", "tm_block_bytes", "tm_block_values") else None

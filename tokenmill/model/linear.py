@@ -1,7 +1,7 @@
 """How linear layers run: the float method (fp32 GEMM), the bfloat16 method (bf16 weights
 and GEMM inputs, fp32 accumulation and everything else), the int8 method (W8A8) or the
-native method (GGUF Q4_0 / Q4_1 / Q8_0 weights used as the file stores them, fp32
-activations and accumulation).
+native method (GGUF Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K weights used as the
+file stores them, fp32 activations and accumulation).
 
 A method owns the linear layers and the activation steps that feed them (RMSNorm, SiLU*up,
 quantization), so the int8 method can fuse "normalize then quantize" into one pass. Every
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.kernels import ops
-from tokenmill.model.packed import PackedWeight, as_float
+from tokenmill.model.packed import Int8Weight, PackedStack, PackedWeight, as_float
 
 # Below this many rows the native int8 kernel beats torch._int_mm (oneDNN).
 _NATIVE_INT8_MAX_ROWS = 16
@@ -151,6 +151,21 @@ class PackedLinear:
         return out if residual is None else residual.add_(out)
 
 
+class StackedPackedLinear:
+    """Row blocks in different packed formats (PackedStack), each its own PackedLinear,
+    outputs side by side."""
+
+    def __init__(self, weight: PackedStack, bias: torch.Tensor | None) -> None:
+        self.parts = [PackedLinear(p, None) for p in weight.parts]
+        self.bias = bias.float().contiguous() if bias is not None else None
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        y = torch.cat([part(x) for part in self.parts], dim=1)
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y if residual is None else residual.add_(y)
+
+
 class FloatMethod:
     name = "float32"
 
@@ -186,17 +201,34 @@ class BFloat16Method(FloatMethod):
         return BFloat16Linear(weight, bias, self.packed)
 
 
+class Int8ActivationLinear:
+    """An int8 (W8A8) layer among float ones: quantizes its own input rows."""
+
+    def __init__(self, weight: torch.Tensor, native: bool) -> None:
+        self.linear = Int8Linear(weight, None, native)
+        self.native = native
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        act = ops.quantize_rows(x) if self.native else _quantize_rows_torch(x)
+        return self.linear(act, residual)
+
+
 class NativeMethod(FloatMethod):
-    """Weights the file stores in Q4_0 / Q4_1 / Q8_0 stay packed (PackedLinear); other
-    weights (F32, F16, formats without a native kernel) run as float32."""
+    """Each linear layer runs the format its weight arrives in: packed GGUF blocks
+    (PackedLinear), int8 (Int8Weight, W8A8) or float32; the activations between layers are
+    float32. Runs the file's own blocks and every mixed quantization plan."""
 
     name = "native"
 
     def linear(
-        self, weight: torch.Tensor | PackedWeight, bias: torch.Tensor | None = None
-    ) -> PackedLinear | FloatLinear:
+        self, weight: torch.Tensor | PackedWeight | Int8Weight, bias: torch.Tensor | None = None
+    ) -> PackedLinear | FloatLinear | Int8ActivationLinear:
         if isinstance(weight, PackedWeight) and self.native:
             return PackedLinear(weight, bias)
+        if isinstance(weight, PackedStack) and self.native:
+            return StackedPackedLinear(weight, bias)
+        if isinstance(weight, Int8Weight) and bias is None:
+            return Int8ActivationLinear(weight.weight, self.native)
         return FloatLinear(as_float(weight), bias)
 
 

@@ -127,7 +127,8 @@ def _packed(tensor) -> PackedWeight | None:
 
 
 def _load_gguf(name: str, path: Path, with_weights: bool, packed: bool = False) -> ModelFiles:
-    """`packed`: 2-D weights in Q4_0 / Q4_1 / Q8_0 stay as the file stores them."""
+    """`packed`: 2-D weights in a format with native kernels (packed.PACKED_TYPES) stay as
+    the file stores them."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))

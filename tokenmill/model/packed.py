@@ -1,6 +1,8 @@
-"""GGUF block-quantized weights kept as the file stores them (Q4_0, Q4_1, Q8_0): rows of
-32-value blocks, each with an fp16 scale (and, for Q4_1, an fp16 minimum). The native linear
-method (linear.py) computes with them directly; everything else dequantizes."""
+"""GGUF block-quantized weights kept as the file stores them, in ggml's block layouts: rows of
+32-value blocks with an fp16 scale (and an fp16 minimum in the _1 formats) in Q4_0, Q4_1, Q5_0,
+Q5_1 and Q8_0, or of 256-value super-blocks with 6-bit (Q4_K) or int8 (Q6_K) sub-block scales
+in the K formats. The native linear method (linear.py) computes with them directly;
+everything else dequantizes."""
 
 from __future__ import annotations
 
@@ -9,9 +11,24 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# GGML type id -> (name, bytes per 32-value block)
-PACKED_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
-BLOCK = 32
+# GGML type id -> (name, bytes per block)
+PACKED_TYPES = {
+    2: ("Q4_0", 18),
+    3: ("Q4_1", 20),
+    6: ("Q5_0", 22),
+    7: ("Q5_1", 24),
+    8: ("Q8_0", 34),
+    12: ("Q4_K", 144),
+    14: ("Q6_K", 210),
+}
+BLOCK = 32  # values per block
+K_BLOCK = 256  # values per super-block of the K formats
+_K_TYPES = frozenset({12, 14})
+
+
+def block_values(qtype: int) -> int:
+    """Values per block of a packed format: 32, or 256 for the K formats."""
+    return K_BLOCK if qtype in _K_TYPES else BLOCK
 
 
 @dataclass
@@ -26,9 +43,12 @@ class PackedWeight:
     def __post_init__(self) -> None:
         if self.qtype not in PACKED_TYPES:
             raise ValueError(f"unsupported packed type {self.qtype}")
-        if self.cols % BLOCK:
-            raise ValueError(f"packed rows need a multiple of {BLOCK} columns, got {self.cols}")
-        expected = (self.rows, self.cols // BLOCK * PACKED_TYPES[self.qtype][1])
+        values = block_values(self.qtype)
+        if self.cols % values:
+            raise ValueError(
+                f"{self.name} rows need a multiple of {values} columns, got {self.cols}"
+            )
+        expected = (self.rows, self.cols // values * PACKED_TYPES[self.qtype][1])
         if tuple(self.data.shape) != expected or self.data.dtype != torch.uint8:
             raise ValueError(f"packed data {tuple(self.data.shape)} != {expected} uint8")
 
@@ -58,16 +78,55 @@ class PackedWeight:
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
 
-def as_float(weight: torch.Tensor | PackedWeight) -> torch.Tensor:
-    return weight.dequantize() if isinstance(weight, PackedWeight) else weight.float()
+@dataclass
+class Int8Weight:
+    """A float weight marked to run as int8 (W8A8) inside a model whose other layers run
+    other formats (a mixed quantization plan); the native method quantizes it."""
+
+    weight: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
 
 
-def cat_rows(parts: list[torch.Tensor | PackedWeight]) -> torch.Tensor | PackedWeight:
-    """Stacks weights sharing an input (q/k/v, gate/up); packed parts stay packed when they
-    share a format, else all are dequantized."""
+@dataclass
+class PackedStack:
+    """Packed weights sharing an input, stacked by rows, in different formats (llama.cpp's
+    K-quant files mix them, e.g. q/k in Q5_0 and v in Q8_0): each part runs in its own."""
+
+    parts: list[PackedWeight]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.rows for p in self.parts), self.parts[0].cols)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+
+def as_float(weight: torch.Tensor | PackedWeight | PackedStack | Int8Weight) -> torch.Tensor:
+    if isinstance(weight, (PackedWeight, PackedStack)):
+        return weight.dequantize()
+    if isinstance(weight, Int8Weight):
+        return weight.weight.float()
+    return weight.float()
+
+
+def cat_rows(parts: list) -> torch.Tensor | PackedWeight | PackedStack | Int8Weight:
+    """Stacks weights sharing an input (q/k/v, gate/up): packed parts in one format become
+    one packed weight, in several formats a PackedStack; anything else is dequantized."""
     if all(isinstance(p, PackedWeight) for p in parts):
         first = parts[0]
         if all(p.qtype == first.qtype and p.cols == first.cols for p in parts):
             data = torch.cat([p.data for p in parts])
             return PackedWeight(first.qtype, sum(p.rows for p in parts), first.cols, data)
+        if all(p.cols == first.cols for p in parts):
+            return PackedStack(list(parts))
+    if all(isinstance(p, Int8Weight) for p in parts):
+        return Int8Weight(torch.cat([p.weight for p in parts]))
     return torch.cat([as_float(p) for p in parts])

@@ -160,6 +160,8 @@ def build_app(
     async def metrics_endpoint():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    weights_metadata = _weights_metadata(engine.engine_info)
+
     @app.get("/v1/models")
     async def list_models():
         return {
@@ -172,6 +174,7 @@ def build_app(
                     "owned_by": "tokenmill",
                     "root": engine.model_name,
                     "max_model_len": engine.max_model_len,
+                    **weights_metadata,
                 }
                 for name in served_model_names
             ],
@@ -185,6 +188,9 @@ def build_app(
             "object": "model",
             "created": int(state.started),
             "owned_by": "tokenmill",
+            "root": engine.model_name,
+            "max_model_len": engine.max_model_len,
+            **weights_metadata,
         }
 
     @app.post("/v1/chat/completions")
@@ -267,3 +273,20 @@ def build_app(
 
     add_request_bodies(app, REQUEST_BODIES)
     return app
+
+
+def _weights_metadata(info: dict) -> dict:
+    """How the weights run and, when --max-kld measured it, their KLD from float32."""
+    meta: dict = {}
+    if info.get("weights"):
+        meta["weights"] = info["weights"]
+    if info.get("quant_plan"):
+        meta["quant_plan"] = info["quant_plan"]
+    report = info.get("weights_kld")
+    if report:
+        meta["weights_kld"] = {
+            k: report[k]
+            for k in ("mean_kld", "p99_kld", "same_top_pct", "rms_dp_pct", "num_tokens")
+            if k in report
+        }
+    return meta

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 import time
 from contextlib import asynccontextmanager
 
@@ -86,6 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = server_settings(args)
     uvicorn_level = "info" if logging.getLogger().level <= logging.INFO else "warning"
     holder: dict[str, FastAPI] = {}
+    holder_error: list[str] = []
 
     @asynccontextmanager
     async def lifespan(_outer: FastAPI):
@@ -94,7 +96,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.served_model_name[0] if args.served_model_name else engine.model_name
         )
         engine.observer = metrics
-        await engine.start()
+        try:
+            await engine.start()
+        except Exception as e:
+            holder_error.append(str(e))
+            raise
+        metrics.set_weights_kld(engine.engine_info.get("weights_kld"))
         names = args.served_model_name or [engine.model_name]
         app = build_app(engine, names, metrics, settings)
         holder["app"] = app
@@ -126,6 +133,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # drained shutdown is a clean exit (status 0), so that handler does nothing.
     signal.signal(signal.SIGTERM, lambda *_: None)
     asyncio.run(server.serve())
+    if "app" not in holder:  # the engine never started
+        print(f"error: {holder_error[0] if holder_error else 'start-up failed'}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -166,6 +166,13 @@ class ServerMetrics:
             tier,
             registry=r,
         )
+        self.weights_kld = Gauge(
+            "tokenmill:weights_kld",
+            "Mean KL divergence of the served weights from float32 (measured at load by "
+            "--max-kld on the built-in text)",
+            [*labels, "plan"],
+            registry=r,
+        )
         self.model = model_name
         self._last = SchedulerStats()
         # Expose every model-level series from the start (zero until something happens).
@@ -175,6 +182,10 @@ class ServerMetrics:
             self.repetition_cutoffs,
         ):  # fmt: skip
             metric.labels(model_name)
+
+    def set_weights_kld(self, report: dict | None) -> None:
+        if report:
+            self.weights_kld.labels(self.model, report["plan"]).set(report["mean_kld"])
 
     def on_scheduler_stats(self, stats: SchedulerStats) -> None:
         m = self.model

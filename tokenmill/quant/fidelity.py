@@ -1,0 +1,150 @@
+"""Measures quantization plans on one model against its float32 reference: the reference
+is scored once, then each plan is built from the same loaded weights (no reload) and
+compared (kld.py), optionally timed (single-stream decode)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import torch
+
+from tokenmill.model.linear import get_linear_method
+from tokenmill.model.llama import LlamaForCausalLM
+from tokenmill.model.loader import ModelFiles, load_model_files
+from tokenmill.quant.groups import group_of
+from tokenmill.quant.kld import (
+    KLDReport,
+    ScoredLogProbs,
+    eval_tokens,
+    kld_report,
+    make_chunks,
+    score,
+)
+from tokenmill.quant.plan import QuantPlan
+from tokenmill.quant.schemes import BITS_PER_WEIGHT
+from tokenmill.quant.scoring import ModelScorer
+from tokenmill.quant.texts import EVALUATION_TEXT, read_text
+from tokenmill.quant.weights import apply_plan
+
+logger = logging.getLogger(__name__)
+
+_SPEED_PROMPT = 16
+
+
+class FidelityBench:
+    def __init__(
+        self,
+        model: str | None,
+        text: str | None = None,
+        ctx: int = 512,
+        max_chunks: int | None = 8,
+        batch: int = 2,
+    ) -> None:
+        self.model_path = model
+        self.float_files = load_model_files(model, packed=False)
+        self._packed_files: ModelFiles | None = None
+        self._caches: dict[int, dict] = {}  # converted weights, per base weights dict
+        ids, bos = eval_tokens(self.float_files.tokenizer, read_text(text, EVALUATION_TEXT))
+        self.chunks = make_chunks(ids, ctx, max_chunks, bos)
+        self.batch = min(batch, len(self.chunks.chunks))
+        self._speed_prompt = ids[:_SPEED_PROMPT]
+        t0 = time.monotonic()
+        self.reference: ScoredLogProbs = self.score(self.build(QuantPlan("float32")))
+        logger.info(
+            "reference scored: %d tokens in %.1fs", self.chunks.num_scored, time.monotonic() - t0
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return self.float_files.arch.num_hidden_layers
+
+    def files_for(self, plan: QuantPlan, calibrated: dict | None = None) -> ModelFiles:
+        """A copy of the loaded model's files with weights prepared for `plan`; `calibrated`:
+        float weights already calibrated (skips calibrating again)."""
+        if plan.loads_packed:
+            if self._packed_files is None:
+                self._packed_files = load_model_files(self.model_path, packed=True)
+            base = self._packed_files
+        else:
+            base = self.float_files
+        base_weights = calibrated if calibrated is not None else base.weights
+        weights = dict(base_weights)
+        files = dataclasses.replace(base, weights=weights)
+        if calibrated is not None:
+            plan = dataclasses.replace(plan, calibration=None)
+        cache = None if plan.calibration else self._caches.setdefault(id(base_weights), {})
+        apply_plan(files, plan, cache)
+        return files
+
+    def calibrated_weights(self, plan: QuantPlan) -> dict:
+        """Float weights with `plan`'s calibration scales folded in (not yet quantized)."""
+        from tokenmill.quant.weights import calibrate_weights
+
+        files = dataclasses.replace(self.float_files, weights=dict(self.float_files.weights))
+        calibrate_weights(files, plan)
+        return files.weights
+
+    def build(self, plan: QuantPlan, calibrated: dict | None = None) -> LlamaForCausalLM:
+        files = self.files_for(plan, calibrated)
+        return LlamaForCausalLM(
+            files.arch,
+            files.weights,
+            self.chunks.ctx,
+            get_linear_method(plan.method),
+            files.rope_freq_factors,
+        )
+
+    def score(self, model: LlamaForCausalLM) -> ScoredLogProbs:
+        scorer = ModelScorer(model, self.chunks.ctx, self.batch)
+        return score(scorer, self.chunks, self.batch)
+
+    def measure(self, plan: QuantPlan, calibrated: dict | None = None) -> KLDReport:
+        return kld_report(self.reference, self.score(self.build(plan, calibrated)))
+
+    def measure_file(self, path: str, plan: QuantPlan) -> KLDReport:
+        """Another file of the same model (another conversion of its weights) under `plan`,
+        against this bench's float32 reference."""
+        from tokenmill.quant.weights import load_for_plan
+
+        files = load_for_plan(path, plan)
+        if files.arch.vocab_size != self.float_files.arch.vocab_size:
+            raise ValueError(f"{path}: not a conversion of {self.float_files.name}")
+        model = LlamaForCausalLM(
+            files.arch,
+            files.weights,
+            self.chunks.ctx,
+            get_linear_method(plan.method),
+            files.rope_freq_factors,
+        )
+        return kld_report(self.reference, self.score(model))
+
+    def decode_speed(
+        self, plan: QuantPlan, steps: int = 64, calibrated: dict | None = None
+    ) -> float:
+        model = self.build(plan, calibrated)
+        scorer = ModelScorer(model, _SPEED_PROMPT + steps + 1)
+        scorer.decode_speed(self._speed_prompt, 8)  # warm-up
+        return scorer.decode_speed(self._speed_prompt, steps)
+
+    def weight_bytes(self, plan: QuantPlan) -> float:
+        """Bytes of the linear layers' weights under `plan` (what decode reads per token)."""
+        files = self.float_files
+        tied = files.arch.tie_word_embeddings or "lm_head.weight" not in files.weights
+        total = 0.0
+        for name, w in files.weights.items():
+            group = group_of(name, tied)
+            if group is None:
+                continue
+            fmt = plan.format_for(group)
+            bits = BITS_PER_WEIGHT.get(fmt, 32.0) if fmt != "native" else self._native_bits(name)
+            total += torch.Size(w.shape).numel() * bits / 8
+        return total
+
+    def _native_bits(self, name: str) -> float:
+        if self._packed_files is None:
+            self._packed_files = load_model_files(self.model_path, packed=True)
+        w = self._packed_files.weights[name]
+        nbytes = getattr(w, "nbytes", None)
+        return 8 * nbytes / torch.Size(w.shape).numel() if nbytes else 32.0

@@ -1,0 +1,102 @@
+"""Turns a model's weights into what a quantization plan runs: the file's packed blocks kept
+(native), float weights, or GGUF blocks made at load — per group, after calibration when
+the plan asks for it. The engine and the fidelity tools build their models through here."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from tokenmill.model.loader import ModelFiles, load_model_files
+from tokenmill.model.packed import Int8Weight, PackedWeight, as_float
+from tokenmill.quant.groups import group_of
+from tokenmill.quant.plan import QuantPlan
+from tokenmill.quant.schemes import AT_LOAD_FORMATS, CALIBRATED_SCHEMES
+
+logger = logging.getLogger(__name__)
+
+
+def load_for_plan(model: str | None, plan: QuantPlan) -> ModelFiles:
+    """The model's files with weights prepared for `plan` (see apply_plan)."""
+    files = load_model_files(model, packed=plan.loads_packed)
+    apply_plan(files, plan)
+    return files
+
+
+def apply_plan(files: ModelFiles, plan: QuantPlan, cache: dict | None = None) -> None:
+    """Rewrites files.weights in place for `plan`: each linear layer's matrix becomes the
+    format its group gets (packed blocks or float32); the rest stays as loaded. `cache`
+    keeps converted weights by (name, format) for callers that build many plans from the
+    same loaded weights."""
+    t0 = time.monotonic()
+    weights = files.weights
+    tied = files.arch.tie_word_embeddings or "lm_head.weight" not in weights
+    if plan.calibration is not None:
+        calibrate_weights(files, plan)
+    for name in list(weights):
+        group = group_of(name, tied)
+        if group is None:
+            continue
+        fmt = plan.format_for(group)
+        key = (name, fmt, plan.method)
+        if cache is not None and key in cache:
+            weights[name] = cache[key]
+            continue
+        weights[name] = convert(weights[name], fmt, plan.method)
+        if cache is not None:
+            cache[key] = weights[name]
+    if plan.scheme != "float32" or plan.overrides:
+        logger.info("weights prepared for %s in %.1fs", plan.describe(), time.monotonic() - t0)
+
+
+def convert(
+    weight: torch.Tensor | PackedWeight, fmt: str, method: str
+) -> torch.Tensor | PackedWeight | Int8Weight:
+    """One weight in `fmt` for the linear `method`: "native" keeps what the file stores; a
+    GGUF format name quantizes into its blocks; int8 in a mixed plan is marked for the
+    native method to quantize; otherwise float (the int8 / bfloat16 methods quantize)."""
+    if fmt == "native":
+        return weight
+    if fmt == "int8" and method == "native":
+        return Int8Weight(as_float(weight))
+    if fmt in AT_LOAD_FORMATS:
+        from tokenmill.quant.formats import quantize_weight
+
+        if isinstance(weight, PackedWeight) and weight.name.lower() == fmt:
+            return weight
+        return quantize_weight(as_float(weight), fmt)
+    return as_float(weight)
+
+
+def calibrate_weights(files: ModelFiles, plan: QuantPlan) -> None:
+    from tokenmill.quant.calibration import calibrate, collect_activation_stats
+    from tokenmill.quant.kld import eval_tokens
+    from tokenmill.quant.texts import CALIBRATION_TEXT, read_text
+
+    t0 = time.monotonic()
+    weights = files.weights
+    for name, value in weights.items():
+        if isinstance(value, PackedWeight):
+            weights[name] = value.dequantize()
+    ids, bos = eval_tokens(files.tokenizer, read_text(plan.calibration, CALIBRATION_TEXT))
+    stats = collect_activation_stats(files.arch, weights, ids, bos)
+    # Scales are searched for the plan's scheme in every group, also those a plan keeps in
+    # higher precision (exact there): a plan then serves the weights its search measured.
+    if plan.scheme in CALIBRATED_SCHEMES:
+        choices = calibrate(files.arch, weights, stats, lambda group: plan.scheme)
+    else:
+        choices = calibrate(files.arch, weights, stats, plan.format_for)
+    scaled = [c for c in choices.values() if c.scale is not None]
+    gain = sum(c.error_before for c in choices.values()) / max(
+        1e-30, sum(c.error_after for c in choices.values())
+    )
+    logger.info(
+        "calibrated on %d tokens: %d of %d groups rescaled, layer output error %.2fx lower, %.1fs",
+        min(len(ids), 2048),
+        len(scaled),
+        len(choices),
+        gain,
+        time.monotonic() - t0,
+    )
