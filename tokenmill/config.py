@@ -36,6 +36,8 @@ class ModelConfig:
     quant_plan: str | None = None
     # Calibration text for schemes made at load: "builtin" or a file path (None: none).
     calibration: str | None = None
+    # Input channels per layer kept in float32 by calibration (packed formats made at load).
+    outlier_channels: int = 0
     # Refuse to start when the weights' KL divergence from float32 exceeds this.
     max_kld: float | None = None
 
@@ -51,7 +53,9 @@ class ModelConfig:
                 )
             if self.dtype != "float32" or self.quantization is not None:
                 raise ValueError("weights: give --weights or --dtype/--quantization, not both")
-        if self.quant_plan is not None and (self.weights is not None or self.calibration):
+        if self.quant_plan is not None and (
+            self.weights is not None or self.calibration or self.outlier_channels
+        ):
             raise ValueError("quant_plan: the plan sets the weights and calibration; give one")
         if self.quant_plan is not None and (self.dtype != "float32" or self.quantization):
             raise ValueError("quant_plan: give --quant-plan or --dtype/--quantization, not both")
@@ -80,7 +84,9 @@ class ModelConfig:
             scheme = "bfloat16"
         else:  # the default: the file's own format (float files run as float32)
             scheme = "native"
-        return QuantPlan(scheme, calibration=self.calibration)
+        return QuantPlan(
+            scheme, calibration=self.calibration, outlier_channels=self.outlier_channels
+        )
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ def test_plan_validation_and_round_trip(tmp_path):
     assert QuantPlan("q4_0", (("lm_head", "q4_0"),)).format_for("lm_head") == "q4_0"
     assert QuantPlan("int8").format_for("lm_head") == "int8"
     assert plan.method == "native"
+    plan = QuantPlan(plan.scheme, plan.overrides, plan.calibration, outlier_channels=8)
     write_plan(tmp_path / "plan.json", plan, {"mean_kld": 0.01})
     again, measured = read_plan(tmp_path / "plan.json")
     assert again == plan and measured == {"mean_kld": 0.01}
@@ -69,6 +70,9 @@ def test_plan_validation_and_round_trip(tmp_path):
         dict(scheme="native", calibration="builtin"),
         dict(scheme="float32", calibration="builtin"),
         dict(scheme="q4_0", calibration=str(tmp_path / "missing.txt")),
+        dict(scheme="q4_0", outlier_channels=4),  # chosen by calibration: needs one
+        dict(scheme="int8", calibration="builtin", outlier_channels=4),  # packed formats only
+        dict(scheme="q4_0", calibration="builtin", outlier_channels=1000),
     ):
         with pytest.raises(ValueError):
             QuantPlan(**bad)
@@ -210,6 +214,45 @@ def test_calibration_lowers_the_kld_where_activations_have_outliers(outlier_mode
     calibrated = bench.measure(QuantPlan(scheme, calibration="builtin"))
     assert plain.mean_kld > 0
     assert calibrated.mean_kld < 0.7 * plain.mean_kld, (plain.mean_kld, calibrated.mean_kld)
+
+
+def test_outlier_channels_run_in_float32_beside_the_packed_weight():
+    from tokenmill.model.linear import NativeMethod
+    from tokenmill.model.packed import OutlierSplit, cat_rows
+    from tokenmill.quant.weights import split_outliers
+
+    torch.manual_seed(0)
+    q, k = torch.randn(64, 96), torch.randn(32, 96)
+    q[:, 10] *= 50
+    channels = torch.tensor([10, 40])
+    parts = [split_outliers(w, channels, "q4_0") for w in (q, k)]
+    assert all(torch.equal(p.dense, w[:, channels]) for p, w in zip(parts, (q, k), strict=True))
+    fused = cat_rows(parts)
+    assert isinstance(fused, OutlierSplit) and fused.shape == (96, 96)
+    weight = fused.dequantize()
+    assert torch.equal(weight[:, channels], torch.cat([q, k])[:, channels])
+    rest = [c for c in range(96) if c not in (10, 40)]
+    plain = fake_quantize(torch.cat([q, k]), "q4_0")
+    # the outlier column no longer sets its blocks' scales: the rest is closer to float
+    err_split = (weight[:, rest] - torch.cat([q, k])[:, rest]).abs().mean()
+    err_plain = (plain[:, rest] - torch.cat([q, k])[:, rest]).abs().mean()
+    assert err_split < 0.8 * err_plain
+    x = torch.randn(5, 96)
+    linear = NativeMethod().linear(fused)
+    assert type(linear).__name__ == "OutlierLinear"
+    residual = torch.randn(5, 96)
+    expected = residual + x @ weight.t()
+    assert torch.allclose(linear(x, residual.clone()), expected, atol=1e-4)
+
+
+def test_outlier_channels_lower_the_kld_further(outlier_model_dir):
+    bench = FidelityBench(str(outlier_model_dir), ctx=128, max_chunks=3)
+    calibrated = bench.measure(QuantPlan("q4_0", calibration="builtin"))
+    with_outliers = bench.measure(QuantPlan("q4_0", calibration="builtin", outlier_channels=2))
+    assert with_outliers.mean_kld < calibrated.mean_kld, (
+        calibrated.mean_kld,
+        with_outliers.mean_kld,
+    )
 
 
 # ---------------------------------------------------------------- KLD figures

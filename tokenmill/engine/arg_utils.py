@@ -46,6 +46,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "'builtin' (the packaged text) or a text file",
     )
     g.add_argument(
+        "--outlier-channels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --calibration: keep the N most active input channels of each layer in "
+        "float32 (the packed formats made at load)",
+    )
+    g.add_argument(
         "--max-kld",
         type=float,
         default=None,
@@ -114,6 +122,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         weights=args.weights,
         quant_plan=args.quant_plan,
         calibration=args.calibration,
+        outlier_channels=args.outlier_channels,
         max_kld=args.max_kld,
         max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory,
@@ -141,6 +150,7 @@ def build_engine_config(
     weights: str | None = None,
     quant_plan: str | None = None,
     calibration: str | None = None,
+    outlier_channels: int = 0,
     max_kld: float | None = None,
     max_model_len: int | None = None,
     seed: int = 0,
@@ -162,15 +172,16 @@ def build_engine_config(
 ) -> EngineConfig:
     return EngineConfig(
         model_config=ModelConfig(
-            model,
-            dtype,
-            quantization,
-            max_model_len,
-            seed,
-            weights,
-            quant_plan,
-            calibration,
-            max_kld,
+            model=model,
+            dtype=dtype,
+            quantization=quantization,
+            max_model_len=max_model_len,
+            seed=seed,
+            weights=weights,
+            quant_plan=quant_plan,
+            calibration=calibration,
+            outlier_channels=outlier_channels,
+            max_kld=max_kld,
         ),
         cache_config=CacheConfig(
             block_size,

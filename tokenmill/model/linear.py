@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.kernels import ops
-from tokenmill.model.packed import Int8Weight, PackedStack, PackedWeight, as_float
+from tokenmill.model.packed import Int8Weight, OutlierSplit, PackedStack, PackedWeight, as_float
 
 # Below this many rows the native int8 kernel beats torch._int_mm (oneDNN).
 _NATIVE_INT8_MAX_ROWS = 16
@@ -166,6 +166,19 @@ class StackedPackedLinear:
         return y if residual is None else residual.add_(y)
 
 
+class OutlierLinear:
+    """A packed layer plus its outlier input channels in float32 (OutlierSplit)."""
+
+    def __init__(self, weight: OutlierSplit, bias: torch.Tensor | None, method) -> None:
+        self.main = method.linear(weight.main, bias)
+        self.channels = weight.channels
+        self.dense_t = weight.dense.float().t().contiguous()  # [n, rows]
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.main(x, residual)
+        return y.addmm_(x[:, self.channels], self.dense_t)
+
+
 class FloatMethod:
     name = "float32"
 
@@ -222,11 +235,13 @@ class NativeMethod(FloatMethod):
 
     def linear(
         self, weight: torch.Tensor | PackedWeight | Int8Weight, bias: torch.Tensor | None = None
-    ) -> PackedLinear | FloatLinear | Int8ActivationLinear:
+    ):
         if isinstance(weight, PackedWeight) and self.native:
             return PackedLinear(weight, bias)
         if isinstance(weight, PackedStack) and self.native:
             return StackedPackedLinear(weight, bias)
+        if isinstance(weight, OutlierSplit) and self.native:
+            return OutlierLinear(weight, bias, self)
         if isinstance(weight, Int8Weight) and bias is None:
             return Int8ActivationLinear(weight.weight, self.native)
         return FloatLinear(as_float(weight), bias)

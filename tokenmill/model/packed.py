@@ -109,8 +109,32 @@ class PackedStack:
         return torch.cat([p.dequantize() for p in self.parts])
 
 
-def as_float(weight: torch.Tensor | PackedWeight | PackedStack | Int8Weight) -> torch.Tensor:
-    if isinstance(weight, (PackedWeight, PackedStack)):
+@dataclass
+class OutlierSplit:
+    """A packed weight whose few outlier input channels (found by calibration) are kept in
+    float32: y = main(x) + x[:, channels] @ dense^T, with those columns zero in `main`, so
+    their large values neither lose precision nor widen the block scales of the rest."""
+
+    main: PackedWeight | PackedStack
+    channels: torch.Tensor  # int64 [n]
+    dense: torch.Tensor  # float32 [rows, n]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.main.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.main.nbytes + self.dense.numel() * 4
+
+    def dequantize(self) -> torch.Tensor:
+        w = self.main.dequantize()
+        w[:, self.channels] = self.dense
+        return w
+
+
+def as_float(weight) -> torch.Tensor:
+    if isinstance(weight, (PackedWeight, PackedStack, OutlierSplit)):
         return weight.dequantize()
     if isinstance(weight, Int8Weight):
         return weight.weight.float()
@@ -129,4 +153,10 @@ def cat_rows(parts: list) -> torch.Tensor | PackedWeight | PackedStack | Int8Wei
             return PackedStack(list(parts))
     if all(isinstance(p, Int8Weight) for p in parts):
         return Int8Weight(torch.cat([p.weight for p in parts]))
+    if all(isinstance(p, OutlierSplit) for p in parts) and all(
+        torch.equal(p.channels, parts[0].channels) for p in parts
+    ):
+        main = cat_rows([p.main for p in parts])
+        if not isinstance(main, torch.Tensor):
+            return OutlierSplit(main, parts[0].channels, torch.cat([p.dense for p in parts]))
     return torch.cat([as_float(p) for p in parts])

@@ -151,6 +151,43 @@ def _kv_tie(arch: ArchConfig):
     return tie
 
 
+def _group_weights(layer: int) -> dict[str, list[str]]:
+    """The weights of each group of a layer, by group kind."""
+    p = f"model.layers.{layer}."
+    return {
+        "attn_qkv": [p + f"self_attn.{n}_proj.weight" for n in "qkv"],
+        "attn_o": [p + "self_attn.o_proj.weight"],
+        "mlp_gate_up": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+        "mlp_down": [p + "mlp.down_proj.weight"],
+    }
+
+
+def select_outlier_channels(
+    arch: ArchConfig,
+    weights: dict[str, torch.Tensor],
+    stats: dict[str, ActivationStats],
+    choices: dict[str, ScaleChoice],
+    count: int,
+) -> dict[str, torch.Tensor]:
+    """Per group, the `count` input channels that carry the most signal, mean|x_j| times
+    the norm of weight column j (after the scales are folded: the product does not change
+    under them); the plan keeps these in float32."""
+    chosen = {}
+    for i in range(arch.num_hidden_layers):
+        for kind, names in _group_weights(i).items():
+            group = f"layers.{i}.{kind}"
+            if group not in choices or group not in stats:
+                continue
+            w = torch.cat([weights[n] for n in names])
+            x_mean = stats[group].mean_abs
+            if choices[group].scale is not None:
+                x_mean = x_mean / choices[group].scale
+            importance = x_mean * w.norm(dim=0)
+            n = min(count, w.shape[1] // 4)
+            chosen[group] = importance.topk(n).indices.sort().values
+    return chosen
+
+
 def calibrate(
     arch: ArchConfig,
     weights: dict[str, torch.Tensor],
@@ -162,12 +199,7 @@ def calibrate(
     choices = {}
     for i in range(arch.num_hidden_layers):
         p = f"model.layers.{i}."
-        fused = {
-            "attn_qkv": [p + f"self_attn.{n}_proj.weight" for n in "qkv"],
-            "attn_o": [p + "self_attn.o_proj.weight"],
-            "mlp_gate_up": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
-            "mlp_down": [p + "mlp.down_proj.weight"],
-        }
+        fused = _group_weights(i)
         plans = {}
         for kind, names in fused.items():
             group = f"layers.{i}.{kind}"

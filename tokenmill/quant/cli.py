@@ -28,6 +28,13 @@ def add_quant_parser(sub) -> None:
         help="'builtin' or a text file; for int8 / q* schemes the report then shows the "
         "scheme with and without calibration side by side",
     )
+    ev.add_argument(
+        "--outlier-channels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --calibration: also keep N input channels per layer in float32",
+    )
     ev.add_argument("--no-sensitivity", action="store_true", help="skip the per-group table")
     ev.set_defaults(func=cmd_eval)
 
@@ -45,6 +52,7 @@ def add_quant_parser(sub) -> None:
         help=f"higher formats to try, comma-separated (from {', '.join(GROUP_FORMATS)})",
     )
     se.add_argument("--calibration", default=None, metavar="TEXT")
+    se.add_argument("--outlier-channels", type=int, default=0, metavar="N")
     se.add_argument("--output", required=True, metavar="FILE", help="where the plan is written")
     se.set_defaults(func=cmd_search)
 
@@ -97,7 +105,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.calibration:
         if plan.scheme not in CALIBRATED_SCHEMES:
             raise ValueError(f"--calibration: applies to {CALIBRATED_SCHEMES}")
-        cal_plan = QuantPlan(plan.scheme, plan.overrides, args.calibration)
+        cal_plan = QuantPlan(plan.scheme, plan.overrides, args.calibration, args.outlier_channels)
         calibrated = bench.calibrated_weights(cal_plan)
         cal_report = bench.measure(cal_plan, calibrated)
         _print_report(f"{cal_plan.describe()} vs float32", cal_report)
@@ -146,7 +154,14 @@ def cmd_search(args: argparse.Namespace) -> int:
     if not args.max_kld >= 0:
         raise ValueError("--max-kld must be >= 0")
     bench = _bench(args)
-    result = search(bench, args.scheme, args.max_kld, keep, args.calibration)
+    result = search(
+        bench,
+        args.scheme,
+        args.max_kld,
+        keep,
+        args.calibration,
+        outlier_channels=args.outlier_channels,
+    )
     base = result.base
     print(f"{base.plan.describe()}: mean KLD {base.report.mean_kld:.6f}")
     for c in result.tried:

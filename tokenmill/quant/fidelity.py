@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +32,15 @@ from tokenmill.quant.weights import apply_plan
 logger = logging.getLogger(__name__)
 
 _SPEED_PROMPT = 16
+
+
+@dataclass
+class Calibrated:
+    """Weights calibrated once for a plan, reused by every plan measured on them."""
+
+    plan: QuantPlan
+    weights: dict
+    outliers: dict[str, torch.Tensor]
 
 
 class FidelityBench:
@@ -60,33 +70,34 @@ class FidelityBench:
     def num_layers(self) -> int:
         return self.float_files.arch.num_hidden_layers
 
-    def files_for(self, plan: QuantPlan, calibrated: dict | None = None) -> ModelFiles:
+    def files_for(self, plan: QuantPlan, calibrated: Calibrated | None = None) -> ModelFiles:
         """A copy of the loaded model's files with weights prepared for `plan`; `calibrated`:
-        float weights already calibrated (skips calibrating again)."""
+        weights already calibrated for it (skips calibrating again)."""
         if plan.loads_packed:
             if self._packed_files is None:
                 self._packed_files = load_model_files(self.model_path, packed=True)
             base = self._packed_files
         else:
             base = self.float_files
-        base_weights = calibrated if calibrated is not None else base.weights
-        weights = dict(base_weights)
-        files = dataclasses.replace(base, weights=weights)
+        base_weights = calibrated.weights if calibrated is not None else base.weights
+        files = dataclasses.replace(base, weights=dict(base_weights))
+        outliers = None
         if calibrated is not None:
-            plan = dataclasses.replace(plan, calibration=None)
+            plan = dataclasses.replace(plan, calibration=None, outlier_channels=0)
+            outliers = calibrated.outliers if calibrated.plan.outlier_channels else None
         cache = None if plan.calibration else self._caches.setdefault(id(base_weights), {})
-        apply_plan(files, plan, cache)
+        apply_plan(files, plan, cache, outliers)
         return files
 
-    def calibrated_weights(self, plan: QuantPlan) -> dict:
+    def calibrated_weights(self, plan: QuantPlan) -> Calibrated:
         """Float weights with `plan`'s calibration scales folded in (not yet quantized)."""
         from tokenmill.quant.weights import calibrate_weights
 
         files = dataclasses.replace(self.float_files, weights=dict(self.float_files.weights))
-        calibrate_weights(files, plan)
-        return files.weights
+        outliers = calibrate_weights(files, plan)
+        return Calibrated(plan, files.weights, outliers)
 
-    def build(self, plan: QuantPlan, calibrated: dict | None = None) -> LlamaForCausalLM:
+    def build(self, plan: QuantPlan, calibrated: Calibrated | None = None) -> LlamaForCausalLM:
         files = self.files_for(plan, calibrated)
         return LlamaForCausalLM(
             files.arch,
@@ -100,7 +111,7 @@ class FidelityBench:
         scorer = ModelScorer(model, self.chunks.ctx, self.batch)
         return score(scorer, self.chunks, self.batch)
 
-    def measure(self, plan: QuantPlan, calibrated: dict | None = None) -> KLDReport:
+    def measure(self, plan: QuantPlan, calibrated: Calibrated | None = None) -> KLDReport:
         return kld_report(self.reference, self.score(self.build(plan, calibrated)))
 
     def measure_file(self, path: str, plan: QuantPlan) -> KLDReport:
@@ -121,7 +132,7 @@ class FidelityBench:
         return kld_report(self.reference, self.score(model))
 
     def decode_speed(
-        self, plan: QuantPlan, steps: int = 64, calibrated: dict | None = None
+        self, plan: QuantPlan, steps: int = 64, calibrated: Calibrated | None = None
     ) -> float:
         model = self.build(plan, calibrated)
         scorer = ModelScorer(model, _SPEED_PROMPT + steps + 1)

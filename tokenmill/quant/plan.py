@@ -35,6 +35,9 @@ class QuantPlan:
     overrides: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     # None: no calibration; "builtin": the packaged text; else a path to a text file
     calibration: str | None = None
+    # Input channels per linear layer kept in float32 (the largest by calibration), for
+    # the packed formats made at load; 0: none.
+    outlier_channels: int = 0
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -61,6 +64,13 @@ class QuantPlan:
                 )
             if self.calibration != "builtin" and not Path(self.calibration).is_file():
                 raise ValueError(f"calibration: {self.calibration!r} is not a file")
+
+        if not isinstance(self.outlier_channels, int) or not 0 <= self.outlier_channels <= 256:
+            raise ValueError("outlier_channels: an integer in [0, 256]")
+        if self.outlier_channels and self.calibration is None:
+            raise ValueError("outlier_channels: chosen by calibration; give a calibration text")
+        if self.outlier_channels and not set(self.formats) & set(AT_LOAD_FORMATS):
+            raise ValueError("outlier_channels: applies to the packed formats made at load")
 
     @property
     def loads_packed(self) -> bool:
@@ -91,6 +101,8 @@ class QuantPlan:
         parts += [f"{pattern}={fmt}" for pattern, fmt in self.overrides]
         if self.calibration:
             parts.append(f"calibrated on {self.calibration}")
+        if self.outlier_channels:
+            parts.append(f"{self.outlier_channels} outlier channels in float32")
         return ", ".join(parts)
 
     def to_dict(self) -> dict:
@@ -99,6 +111,7 @@ class QuantPlan:
             "scheme": self.scheme,
             "overrides": [list(o) for o in self.overrides],
             "calibration": self.calibration,
+            "outlier_channels": self.outlier_channels,
         }
 
     @classmethod
@@ -114,6 +127,7 @@ class QuantPlan:
             scheme=data.get("scheme", "float32"),
             overrides=tuple((str(p), str(f)) for p, f in overrides),
             calibration=data.get("calibration"),
+            outlier_channels=data.get("outlier_channels", 0),
         )
 
 

@@ -10,6 +10,7 @@ budget are timed (single-stream decode) and the fastest is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -48,8 +49,9 @@ def search(
     keep_formats: tuple[str, ...] = ("q8_0", "float32"),
     calibration: str | None = None,
     speed_steps: int = 48,
+    outlier_channels: int = 0,
 ) -> SearchResult:
-    base_plan = QuantPlan(scheme, calibration=calibration)
+    base_plan = QuantPlan(scheme, calibration=calibration, outlier_channels=outlier_channels)
     calibrated = bench.calibrated_weights(base_plan) if calibration else None
     base_report = bench.measure(base_plan, calibrated)
     base = Candidate(base_plan, base_report, bench.weight_bytes(base_plan))
@@ -80,15 +82,15 @@ def _promote(
     base: Candidate,
     keep: str,
     max_kld: float,
-    calibrated: dict | None,
+    calibrated,
     result: SearchResult,
 ) -> Candidate | None:
-    scheme, calibration = base.plan.scheme, base.plan.calibration
+    scheme = base.plan.scheme
     if keep == scheme:
         return None
     gains = []
     for unit in search_units(bench.num_layers):
-        plan = QuantPlan(scheme, ((unit, keep),), calibration)
+        plan = dataclasses.replace(base.plan, overrides=((unit, keep),))
         kld = bench.measure(plan, calibrated).mean_kld
         result.sensitivity.append((unit, keep, kld))
         added = bench.weight_bytes(plan) - base.weight_bytes
@@ -99,7 +101,7 @@ def _promote(
         if gain <= 0:
             break
         kept.append(unit)
-        plan = QuantPlan(scheme, tuple((u, keep) for u in kept), calibration)
+        plan = dataclasses.replace(base.plan, overrides=tuple((u, keep) for u in kept))
         report = bench.measure(plan, calibrated)
         logger.info("keep %s in %s: KLD %.5f", "+".join(kept), keep, report.mean_kld)
         if report.mean_kld <= max_kld:

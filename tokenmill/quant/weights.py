@@ -10,7 +10,7 @@ import time
 import torch
 
 from tokenmill.model.loader import ModelFiles, load_model_files
-from tokenmill.model.packed import Int8Weight, PackedWeight, as_float
+from tokenmill.model.packed import Int8Weight, OutlierSplit, PackedWeight, as_float
 from tokenmill.quant.groups import group_of
 from tokenmill.quant.plan import QuantPlan
 from tokenmill.quant.schemes import AT_LOAD_FORMATS, CALIBRATED_SCHEMES
@@ -25,30 +25,49 @@ def load_for_plan(model: str | None, plan: QuantPlan) -> ModelFiles:
     return files
 
 
-def apply_plan(files: ModelFiles, plan: QuantPlan, cache: dict | None = None) -> None:
+def apply_plan(
+    files: ModelFiles,
+    plan: QuantPlan,
+    cache: dict | None = None,
+    outliers: dict[str, torch.Tensor] | None = None,
+) -> None:
     """Rewrites files.weights in place for `plan`: each linear layer's matrix becomes the
     format its group gets (packed blocks or float32); the rest stays as loaded. `cache`
     keeps converted weights by (name, format) for callers that build many plans from the
-    same loaded weights."""
+    same loaded weights; `outliers`: channels per group from an earlier calibration of
+    these weights (else the plan's own calibration chooses them)."""
     t0 = time.monotonic()
     weights = files.weights
     tied = files.arch.tie_word_embeddings or "lm_head.weight" not in weights
     if plan.calibration is not None:
-        calibrate_weights(files, plan)
+        outliers = calibrate_weights(files, plan)
     for name in list(weights):
         group = group_of(name, tied)
         if group is None:
             continue
         fmt = plan.format_for(group)
-        key = (name, fmt, plan.method)
+        channels = outliers.get(group) if outliers and fmt in AT_LOAD_FORMATS else None
+        key = (name, fmt, plan.method, channels is not None)
         if cache is not None and key in cache:
             weights[name] = cache[key]
             continue
-        weights[name] = convert(weights[name], fmt, plan.method)
+        if channels is not None:
+            weights[name] = split_outliers(as_float(weights[name]), channels, fmt)
+        else:
+            weights[name] = convert(weights[name], fmt, plan.method)
         if cache is not None:
             cache[key] = weights[name]
     if plan.scheme != "float32" or plan.overrides:
         logger.info("weights prepared for %s in %.1fs", plan.describe(), time.monotonic() - t0)
+
+
+def split_outliers(weight: torch.Tensor, channels: torch.Tensor, fmt: str) -> OutlierSplit:
+    from tokenmill.quant.formats import quantize_weight
+
+    dense = weight[:, channels].clone()
+    main = weight.clone()
+    main[:, channels] = 0.0
+    return OutlierSplit(quantize_weight(main, fmt), channels, dense)
 
 
 def convert(
@@ -70,8 +89,14 @@ def convert(
     return as_float(weight)
 
 
-def calibrate_weights(files: ModelFiles, plan: QuantPlan) -> None:
-    from tokenmill.quant.calibration import calibrate, collect_activation_stats
+def calibrate_weights(files: ModelFiles, plan: QuantPlan) -> dict[str, torch.Tensor]:
+    """Folds the plan's calibration scales into files.weights (made float) and returns the
+    outlier channels per group (empty unless the plan keeps some)."""
+    from tokenmill.quant.calibration import (
+        calibrate,
+        collect_activation_stats,
+        select_outlier_channels,
+    )
     from tokenmill.quant.kld import eval_tokens
     from tokenmill.quant.texts import CALIBRATION_TEXT, read_text
 
@@ -88,6 +113,11 @@ def calibrate_weights(files: ModelFiles, plan: QuantPlan) -> None:
         choices = calibrate(files.arch, weights, stats, lambda group: plan.scheme)
     else:
         choices = calibrate(files.arch, weights, stats, plan.format_for)
+    outliers = {}
+    if plan.outlier_channels:
+        outliers = select_outlier_channels(
+            files.arch, weights, stats, choices, plan.outlier_channels
+        )
     scaled = [c for c in choices.values() if c.scale is not None]
     gain = sum(c.error_before for c in choices.values()) / max(
         1e-30, sum(c.error_after for c in choices.values())
@@ -100,3 +130,4 @@ def calibrate_weights(files: ModelFiles, plan: QuantPlan) -> None:
         gain,
         time.monotonic() - t0,
     )
+    return outliers

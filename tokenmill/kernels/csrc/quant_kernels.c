@@ -164,6 +164,7 @@ ALWAYS_INLINE void dequant_chunk_c(int qt, const uint8_t* blk, int s, float* o) 
 // For decode (a handful of activation rows) each chunk is dequantized in registers and
 // multiplied at once with every row: the weights stream through at their packed size.
 #define GEMV_MAX_ROWS 8
+#define GEMV_WEIGHT_ROWS 4  // weight rows per pass when there is one activation row
 
 #if defined(__AVX512F__)
 // One chunk as two 16-lane vectors (values 0..15 and 16..31).
@@ -236,10 +237,13 @@ ALWAYS_INLINE void chunk_vec(int qt, const uint8_t* blk, int s, __m512* lo, __m5
     }
 }
 
+// Each (activation row, weight row) dot product accumulates values 0..15 and 16..31 of every
+// chunk in two separate vectors (two dependency chains), summed at the end, in the same order
+// in both kernels below: a row's result does not depend on how many rows run with it.
 ALWAYS_INLINE void gemv_rows_t(const float* x, int64_t M, int64_t K, const uint8_t* wrow, int qt,
                                float* dots) {
-    __m512 acc[GEMV_MAX_ROWS];
-    for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
+    __m512 acc_lo[GEMV_MAX_ROWS], acc_hi[GEMV_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc_lo[m] = acc_hi[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < K / block_values(qt); b++) {
         const uint8_t* blk = wrow + b * block_bytes(qt);
 #pragma GCC unroll 8
@@ -249,12 +253,35 @@ ALWAYS_INLINE void gemv_rows_t(const float* x, int64_t M, int64_t K, const uint8
             chunk_vec(qt, blk, s, &lo, &hi);
             for (int m = 0; m < M; m++) {
                 const float* xb = x + m * K + c * QK;
-                acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xb), lo, acc[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xb + 16), hi, acc[m]);
+                acc_lo[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xb), lo, acc_lo[m]);
+                acc_hi[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xb + 16), hi, acc_hi[m]);
             }
         }
     }
-    for (int m = 0; m < M; m++) dots[m] = _mm512_reduce_add_ps(acc[m]);
+    for (int m = 0; m < M; m++) dots[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc_lo[m], acc_hi[m]));
+}
+
+// One activation row against GEMV_WEIGHT_ROWS weight rows at once (decode): the activation
+// chunk is loaded once for all of them and their chains run side by side.
+ALWAYS_INLINE void gemv1_t(const float* x, int64_t K, const uint8_t* w, int64_t rb, int qt,
+                           float* dots) {
+    __m512 acc_lo[GEMV_WEIGHT_ROWS], acc_hi[GEMV_WEIGHT_ROWS];
+    for (int r = 0; r < GEMV_WEIGHT_ROWS; r++) acc_lo[r] = acc_hi[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < K / block_values(qt); b++) {
+#pragma GCC unroll 8
+        for (int s = 0; s < block_chunks(qt); s++) {
+            const int64_t c = b * block_chunks(qt) + s;
+            const __m512 xlo = _mm512_loadu_ps(x + c * QK), xhi = _mm512_loadu_ps(x + c * QK + 16);
+            for (int r = 0; r < GEMV_WEIGHT_ROWS; r++) {
+                __m512 lo, hi;
+                chunk_vec(qt, w + r * rb + b * block_bytes(qt), s, &lo, &hi);
+                acc_lo[r] = _mm512_fmadd_ps(xlo, lo, acc_lo[r]);
+                acc_hi[r] = _mm512_fmadd_ps(xhi, hi, acc_hi[r]);
+            }
+        }
+    }
+    for (int r = 0; r < GEMV_WEIGHT_ROWS; r++)
+        dots[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc_lo[r], acc_hi[r]));
 }
 
 ALWAYS_INLINE void dequant_row_t(int qt, const uint8_t* src, int64_t K, float* dst) {
@@ -343,10 +370,12 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
+// Two chains per dot product (even and odd 8-value quarters of each chunk), summed at the end,
+// in the same order in both kernels below (results independent of the rows run together).
 ALWAYS_INLINE void gemv_rows_t(const float* x, int64_t M, int64_t K, const uint8_t* wrow, int qt,
                                float* dots) {
-    __m256 acc[GEMV_MAX_ROWS];
-    for (int m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    __m256 acc_a[GEMV_MAX_ROWS], acc_b[GEMV_MAX_ROWS];
+    for (int m = 0; m < M; m++) acc_a[m] = acc_b[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < K / block_values(qt); b++) {
         const uint8_t* blk = wrow + b * block_bytes(qt);
 #pragma GCC unroll 8
@@ -356,12 +385,36 @@ ALWAYS_INLINE void gemv_rows_t(const float* x, int64_t M, int64_t K, const uint8
             chunk_vec(qt, blk, s, v);
             for (int m = 0; m < M; m++) {
                 const float* xb = x + m * K + c * QK;
-                for (int i = 0; i < 4; i++)
-                    acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8 * i), v[i], acc[m]);
+                acc_a[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xb), v[0], acc_a[m]);
+                acc_b[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), v[1], acc_b[m]);
+                acc_a[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), v[2], acc_a[m]);
+                acc_b[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), v[3], acc_b[m]);
             }
         }
     }
-    for (int m = 0; m < M; m++) dots[m] = hsum256(acc[m]);
+    for (int m = 0; m < M; m++) dots[m] = hsum256(_mm256_add_ps(acc_a[m], acc_b[m]));
+}
+
+// One activation row against GEMV_WEIGHT_ROWS weight rows at once (decode).
+ALWAYS_INLINE void gemv1_t(const float* x, int64_t K, const uint8_t* w, int64_t rb, int qt,
+                           float* dots) {
+    __m256 acc_a[GEMV_WEIGHT_ROWS], acc_b[GEMV_WEIGHT_ROWS];
+    for (int r = 0; r < GEMV_WEIGHT_ROWS; r++) acc_a[r] = acc_b[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < K / block_values(qt); b++) {
+#pragma GCC unroll 8
+        for (int s = 0; s < block_chunks(qt); s++) {
+            const float* xb = x + (b * block_chunks(qt) + s) * QK;
+            for (int r = 0; r < GEMV_WEIGHT_ROWS; r++) {
+                __m256 v[4];
+                chunk_vec(qt, w + r * rb + b * block_bytes(qt), s, v);
+                acc_a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xb), v[0], acc_a[r]);
+                acc_b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), v[1], acc_b[r]);
+                acc_a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), v[2], acc_a[r]);
+                acc_b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), v[3], acc_b[r]);
+            }
+        }
+    }
+    for (int r = 0; r < GEMV_WEIGHT_ROWS; r++) dots[r] = hsum256(_mm256_add_ps(acc_a[r], acc_b[r]));
 }
 
 ALWAYS_INLINE void dequant_row_t(int qt, const uint8_t* src, int64_t K, float* dst) {
@@ -403,6 +456,11 @@ ALWAYS_INLINE void dequant_row_t(int qt, const uint8_t* src, int64_t K, float* d
         }
     }
 }
+
+ALWAYS_INLINE void gemv1_t(const float* x, int64_t K, const uint8_t* w, int64_t rb, int qt,
+                           float* dots) {
+    for (int r = 0; r < GEMV_WEIGHT_ROWS; r++) gemv_rows_t(x, 1, K, w + r * rb, qt, dots + r);
+}
 #endif
 
 // The per-format bodies (qt a constant in each case, so the format branches fold away).
@@ -426,6 +484,12 @@ static void gemv_rows(const float* x, int64_t M, int64_t K, const uint8_t* wrow,
 #undef GEMV
 }
 
+static void gemv1(const float* x, int64_t K, const uint8_t* w, int64_t rb, int qt, float* dots) {
+#define GEMV1(T) gemv1_t(x, K, w, rb, T, dots)
+    FOR_EACH_FORMAT(qt, GEMV1)
+#undef GEMV1
+}
+
 static void dequant_row(int qt, const uint8_t* src, int64_t K, float* dst) {
 #define DEQUANT(T) dequant_row_t(T, src, K, dst)
     FOR_EACH_FORMAT(qt, DEQUANT)
@@ -435,6 +499,18 @@ static void dequant_row(int qt, const uint8_t* src, int64_t K, float* dst) {
 static void qgemv(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
                   const float* bias, float* y, int accumulate, int nthreads) {
     const int64_t rb = row_bytes(qt, K);
+    if (M == 1 && N % GEMV_WEIGHT_ROWS == 0 && qt != QT_Q8_0) {  // Q8_0: measured slower
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t n = 0; n < N; n += GEMV_WEIGHT_ROWS) {
+            float dots[GEMV_WEIGHT_ROWS];
+            gemv1(x, K, w + n * rb, rb, qt, dots);
+            for (int r = 0; r < GEMV_WEIGHT_ROWS; r++) {
+                const float v = dots[r] + (bias ? bias[n + r] : 0.0f);
+                y[n + r] = accumulate ? y[n + r] + v : v;
+            }
+        }
+        return;
+    }
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         float dots[GEMV_MAX_ROWS];
