@@ -21,7 +21,9 @@ def test_serve_refuses_weights_over_the_kld_budget(tmp_path, tiny_llama_dir):
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: weights q4_0: mean KL divergence"), last
+    assert last.startswith(
+        "error: engine core failed to start: weights q4_0: mean KL divergence"
+    ), last
     assert "exceeds --max-kld 1e-09" in last and "Traceback" not in last
 
 

@@ -60,7 +60,9 @@ class EngineCoreClient:
                 if kind == b"READY":
                     return unpack(payload)
                 if kind == b"ERROR":
-                    raise EngineDeadError(f"engine core failed to start:\n{payload.decode()}")
+                    text = payload.decode(errors="replace")
+                    sep = "\n" if "\n" in text.strip() else " "
+                    raise EngineDeadError(f"engine core failed to start:{sep}{text.strip()}")
             elif not self.alive:
                 raise EngineDeadError(
                     f"engine core exited during start-up (exit code {self.proc.exitcode})"

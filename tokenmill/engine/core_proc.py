@@ -196,9 +196,11 @@ def run_engine_core(
             core.shutdown()
     except Exception as e:
         text = traceback.format_exc()
-        logger.error("engine core failed:\n%s", text)
         if isinstance(e, ValueError):  # a configuration the core refuses: the message says why
             text = str(e)
+            logger.error("engine core refused to start: %s", text)
+        else:
+            logger.error("engine core failed:\n%s", text)
         if proc is None:  # report start-up failures to the API process
             ctx = zmq.Context()
             sock = ctx.socket(zmq.PUSH)

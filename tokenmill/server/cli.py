@@ -132,8 +132,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # uvicorn re-raises a handled SIGTERM to the previous handler after shutting down; a
     # drained shutdown is a clean exit (status 0), so that handler does nothing.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    asyncio.run(server.serve())
-    if "app" not in holder:  # the engine never started
+    try:
+        asyncio.run(server.serve())
+    except SystemExit:  # uvicorn exits with its own status when start-up fails
+        if "app" in holder:
+            raise
+    if "app" not in holder:  # the engine never started: say why, as other CLI errors do
         print(f"error: {holder_error[0] if holder_error else 'start-up failed'}", file=sys.stderr)
         return 2
     return 0
