@@ -38,6 +38,9 @@ class ModelConfig:
     calibration: str | None = None
     # Input channels per layer kept in float32 by calibration (packed formats made at load).
     outlier_channels: int = 0
+    # float32 copies of packed weights kept for batched GEMMs (prefill, many sequences), up
+    # to this many bytes; decode rows always read the packed weights. 0: dequantize per call.
+    dequant_cache_bytes: int = 2 * (1 << 30)
     # Refuse to start when the weights' KL divergence from float32 exceeds this.
     max_kld: float | None = None
 
@@ -59,6 +62,8 @@ class ModelConfig:
             raise ValueError("quant_plan: the plan sets the weights and calibration; give one")
         if self.quant_plan is not None and (self.dtype != "float32" or self.quantization):
             raise ValueError("quant_plan: give --quant-plan or --dtype/--quantization, not both")
+        if self.dequant_cache_bytes < 0:
+            raise ValueError("dequant_cache_bytes: must be >= 0")
         if self.max_kld is not None and not (self.max_kld >= 0):
             raise ValueError("max_kld: must be a number >= 0")
         if self.max_model_len is not None and self.max_model_len <= 0:

@@ -332,3 +332,24 @@ def test_weights_flag_and_the_older_spelling_cannot_both_be_given():
         ModelConfig(weights="native", dtype="bfloat16")
     with pytest.raises(ValueError, match="weights"):
         ModelConfig(weights="fp8")
+
+
+def test_batched_rows_with_and_without_the_float_copy(tmp_path, tiny_source):
+    """Many rows run a float32 GEMM on the dequantized weight: kept beside the packed one
+    (the default dequant cache) or dequantized in chunks per call (no cache): same logits,
+    both next to the float32 method's; decode rows read the packed weights either way."""
+    path = tmp_path / "tiny-Q4_1.gguf"
+    write_gguf(tiny_source, path, "Q4_1")
+    cached = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
+    uncached = LLM(str(path), kv_cache_memory_gib=0.05, weights="native", dequant_cache_gib=0)
+    reference = LLM(str(path), kv_cache_memory_gib=0.05, weights="float32")
+    assert cached.engine.core.model.layers[0].qkv_proj.float_t is not None
+    assert uncached.engine.core.model.layers[0].qkv_proj.float_t is None
+    for prompt in PROMPTS:
+        a = sequence_logits(cached.engine.core, prompt)
+        b = sequence_logits(uncached.engine.core, prompt)
+        ref = sequence_logits(reference.engine.core, prompt)
+        if len(prompt) > 8:  # batched rows: the same GEMM on the same float weights
+            assert torch.equal(a, ref), len(prompt)
+        assert (a - ref).abs().max().item() <= 1e-3
+        assert (b - ref).abs().max().item() <= 1e-3

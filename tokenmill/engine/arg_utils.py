@@ -54,6 +54,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "float32 (the packed formats made at load)",
     )
     g.add_argument(
+        "--dequant-cache",
+        type=float,
+        default=2.0,
+        metavar="GIB",
+        help="native weights: float32 copies kept for batched GEMMs (prefill, many "
+        "sequences), up to GIB; decode reads the packed weights. 0: dequantize per call",
+    )
+    g.add_argument(
         "--max-kld",
         type=float,
         default=None,
@@ -123,6 +131,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         quant_plan=args.quant_plan,
         calibration=args.calibration,
         outlier_channels=args.outlier_channels,
+        dequant_cache_gib=args.dequant_cache,
         max_kld=args.max_kld,
         max_model_len=args.max_model_len,
         kv_cache_memory_gib=args.kv_cache_memory,
@@ -151,6 +160,7 @@ def build_engine_config(
     quant_plan: str | None = None,
     calibration: str | None = None,
     outlier_channels: int = 0,
+    dequant_cache_gib: float = 2.0,
     max_kld: float | None = None,
     max_model_len: int | None = None,
     seed: int = 0,
@@ -181,6 +191,7 @@ def build_engine_config(
             quant_plan=quant_plan,
             calibration=calibration,
             outlier_channels=outlier_channels,
+            dequant_cache_bytes=int(dequant_cache_gib * GiB),
             max_kld=max_kld,
         ),
         cache_config=CacheConfig(

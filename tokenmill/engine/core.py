@@ -85,7 +85,7 @@ class EngineCore:
             arch,
             files.weights,
             max_positions=model_len,
-            method=get_linear_method(plan.method),
+            method=get_linear_method(plan.method, config.model_config.dequant_cache_bytes),
             rope_freq_factors=files.rope_freq_factors,
         )
         files.weights.clear()

@@ -126,18 +126,34 @@ _DEQUANT_CHUNK_BYTES = 4 << 20
 
 
 class PackedLinear:
-    """y = x @ W^T (+ b) (+ residual) with W packed in GGUF blocks (exact dequantization)."""
+    """y = x @ W^T (+ b) (+ residual) with W packed in GGUF blocks (exact dequantization).
 
-    def __init__(self, weight: PackedWeight, bias: torch.Tensor | None) -> None:
+    Few rows run the packed GEMV kernel. Many rows run a float32 GEMM on the exactly
+    dequantized weight: a float copy kept beside the packed one when the method's
+    dequant cache has room for it (then batched steps cost what float32 costs), else rows
+    dequantized in chunks on every call."""
+
+    def __init__(
+        self, weight: PackedWeight, bias: torch.Tensor | None, keep_float: bool = False
+    ) -> None:
         self.weight = weight
         self.bias = bias.float().contiguous() if bias is not None else None
         self.chunk_rows = max(1, _DEQUANT_CHUNK_BYTES // (4 * weight.cols))
         self._scratch: torch.Tensor | None = None
+        # [in, out], as FloatLinear keeps it: batched results equal the float32 method's
+        self.float_t = weight.dequantize().t().contiguous() if keep_float else None
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()
         if x.shape[0] <= _PACKED_GEMV_MAX_ROWS:
             return ops.qlinear(x, self.weight, self.bias, residual)
+        if self.float_t is not None:
+            if self.bias is not None:
+                y = torch.addmm(self.bias, x, self.float_t)
+                return y if residual is None else residual.add_(y)
+            if residual is not None:
+                return torch.addmm(residual, x, self.float_t)
+            return x @ self.float_t
         w = self.weight
         out = torch.empty(x.shape[0], w.rows, dtype=torch.float32)
         if self._scratch is None:
@@ -155,8 +171,8 @@ class StackedPackedLinear:
     """Row blocks in different packed formats (PackedStack), each its own PackedLinear,
     outputs side by side."""
 
-    def __init__(self, weight: PackedStack, bias: torch.Tensor | None) -> None:
-        self.parts = [PackedLinear(p, None) for p in weight.parts]
+    def __init__(self, weight: PackedStack, bias: torch.Tensor | None, method) -> None:
+        self.parts = [method.linear(p) for p in weight.parts]
         self.bias = bias.float().contiguous() if bias is not None else None
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -233,13 +249,25 @@ class NativeMethod(FloatMethod):
 
     name = "native"
 
+    def __init__(self, dequant_cache_bytes: int = 0) -> None:
+        super().__init__()
+        # float32 copies of packed weights for batched GEMMs, first come first served
+        self.dequant_cache_left = dequant_cache_bytes
+
+    def _keep_float(self, weight: PackedWeight) -> bool:
+        nbytes = 4 * weight.rows * weight.cols
+        if nbytes > self.dequant_cache_left:
+            return False
+        self.dequant_cache_left -= nbytes
+        return True
+
     def linear(
         self, weight: torch.Tensor | PackedWeight | Int8Weight, bias: torch.Tensor | None = None
     ):
         if isinstance(weight, PackedWeight) and self.native:
-            return PackedLinear(weight, bias)
+            return PackedLinear(weight, bias, self._keep_float(weight))
         if isinstance(weight, PackedStack) and self.native:
-            return StackedPackedLinear(weight, bias)
+            return StackedPackedLinear(weight, bias, self)
         if isinstance(weight, OutlierSplit) and self.native:
             return OutlierLinear(weight, bias, self)
         if isinstance(weight, Int8Weight) and bias is None:
@@ -272,8 +300,9 @@ def _quantize_rows_torch(x: torch.Tensor) -> QuantizedActivation:
     return torch.round(x / scale).to(torch.int8), scale
 
 
-def get_linear_method(weights: str) -> FloatMethod:
-    """The method for `--weights`: native, float32, bfloat16 or int8."""
+def get_linear_method(weights: str, dequant_cache_bytes: int = 0) -> FloatMethod:
+    """The method for `--weights`: native, float32, bfloat16 or int8. `dequant_cache_bytes`:
+    how much float32 the native method may keep beside packed weights for batched GEMMs."""
     methods = {
         "native": NativeMethod,
         "float32": FloatMethod,
@@ -282,4 +311,6 @@ def get_linear_method(weights: str) -> FloatMethod:
     }
     if weights not in methods:
         raise ValueError(f"weights: unsupported value {weights!r} (one of {list(methods)})")
+    if weights == "native":
+        return NativeMethod(dequant_cache_bytes)
     return methods[weights]()
