@@ -60,6 +60,9 @@ class EngineCoreClient:
                 if kind == b"READY":
                     return unpack(payload)
                 if kind == b"ERROR":
+                    # The core exits by itself after reporting: let it finish, so it is not
+                    # killed mid-exit with the API process and its last output comes first.
+                    await loop.run_in_executor(None, self.proc.join, 5.0)
                     text = payload.decode(errors="replace")
                     sep = "\n" if "\n" in text.strip() else " "
                     raise EngineDeadError(f"engine core failed to start:{sep}{text.strip()}")
