@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
+from tokenmill.cache_dirs import cache_root
 from tokenmill.quant.fidelity import FidelityBench
 from tokenmill.quant.plan import QuantPlan
 from tokenmill.quant.texts import EVALUATION_TEXT
 
-PEER_DIR = Path(os.environ.get("TOKENMILL_CACHE") or Path.home() / ".cache" / "tokenmill")
-PEER_DIR = PEER_DIR / "llama.cpp-0.3.36"
+PEER_DIR = cache_root() / "llama.cpp-0.3.36"
 MODEL = "SmolLM2-135M-Instruct"
 
 # (label, plan, the llama.cpp conversion it pairs with)

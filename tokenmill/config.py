@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tokenmill.quant.plan import QuantPlan, read_plan
 from tokenmill.quant.schemes import SCHEMES
 from tokenmill.sampling_params import RepetitionDetection
 
@@ -43,6 +44,8 @@ class ModelConfig:
     dequant_cache_bytes: int = 2 * (1 << 30)
     # Refuse to start when the weights' KL divergence from float32 exceeds this.
     max_kld: float | None = None
+    # The quantization plan these fields describe (a plan file is read once, here).
+    plan: QuantPlan = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
@@ -68,17 +71,14 @@ class ModelConfig:
             raise ValueError("max_kld: must be a number >= 0")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError("max_model_len: must be positive")
-        self.plan  # noqa: B018  (validates the scheme / calibration combination now)
+        object.__setattr__(self, "plan", self._resolve_plan())
 
     @property
     def weight_format(self) -> str:
         """The scheme most weights run in."""
         return self.plan.scheme
 
-    @property
-    def plan(self):  # -> QuantPlan
-        from tokenmill.quant.plan import QuantPlan, read_plan
-
+    def _resolve_plan(self) -> QuantPlan:
         if self.quant_plan is not None:
             return read_plan(self.quant_plan)[0]
         if self.weights is not None:

@@ -343,8 +343,8 @@ def test_batched_rows_with_and_without_the_float_copy(tmp_path, tiny_source):
     cached = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
     uncached = LLM(str(path), kv_cache_memory_gib=0.05, weights="native", dequant_cache_gib=0)
     reference = LLM(str(path), kv_cache_memory_gib=0.05, weights="float32")
-    assert cached.engine.core.model.layers[0].qkv_proj.float_t is not None
-    assert uncached.engine.core.model.layers[0].qkv_proj.float_t is None
+    assert cached.engine.core.model.layers[0].qkv_proj.float_linear is not None
+    assert uncached.engine.core.model.layers[0].qkv_proj.float_linear is None
     for prompt in PROMPTS:
         a = sequence_logits(cached.engine.core, prompt)
         b = sequence_logits(uncached.engine.core, prompt)

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from tokenmill.cache_dirs import cache_root
 from tokenmill.config import EngineConfig, SchedulerConfig
 from tokenmill.engine.core_types import (
     EngineCoreOutput,
@@ -161,15 +162,13 @@ class EngineCore:
                     (
                         str(files.path),
                         files.arch,
-                        self.config.model_config.weight_format,
+                        self.config.model_config.plan.describe(),  # the scheme alone for plain ones
                         cache.block_size,
                         kv_dtype,
                     )
                 ).encode()
             ).hexdigest()
-            path = cache.offload_disk_path or os.path.join(
-                os.environ.get("TOKENMILL_CACHE") or os.path.expanduser("~/.cache/tokenmill"), "kv"
-            )
+            path = cache.offload_disk_path or str(cache_root() / "kv")
             block_shape = tuple(self.runner.read_block(0).shape)
             disk = DiskTier(
                 os.path.join(path, fingerprint[:16]),

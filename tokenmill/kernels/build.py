@@ -20,16 +20,15 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loads torch's libgomp first: the kernels then share its OpenMP runtime)
 
+from tokenmill.cache_dirs import cache_root
+
 logger = logging.getLogger(__name__)
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_kernels.c", "quant_kernels.c")]
 _FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("TOKENMILL_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "tokenmill"
-    )
-    return Path(root) / "kernels"
+    return cache_root() / "kernels"
 
 
 def _cpu_signature() -> str:

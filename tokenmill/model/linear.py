@@ -140,20 +140,15 @@ class PackedLinear:
         self.bias = bias.float().contiguous() if bias is not None else None
         self.chunk_rows = max(1, _DEQUANT_CHUNK_BYTES // (4 * weight.cols))
         self._scratch: torch.Tensor | None = None
-        # [in, out], as FloatLinear keeps it: batched results equal the float32 method's
-        self.float_t = weight.dequantize().t().contiguous() if keep_float else None
+        # the float32 method's layer on the same weights: batched results equal its results
+        self.float_linear = FloatLinear(weight.dequantize(), bias) if keep_float else None
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()
         if x.shape[0] <= _PACKED_GEMV_MAX_ROWS:
             return ops.qlinear(x, self.weight, self.bias, residual)
-        if self.float_t is not None:
-            if self.bias is not None:
-                y = torch.addmm(self.bias, x, self.float_t)
-                return y if residual is None else residual.add_(y)
-            if residual is not None:
-                return torch.addmm(residual, x, self.float_t)
-            return x @ self.float_t
+        if self.float_linear is not None:
+            return self.float_linear(x, residual)
         w = self.weight
         out = torch.empty(x.shape[0], w.rows, dtype=torch.float32)
         if self._scratch is None:

@@ -26,6 +26,7 @@ from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.linear import FloatMethod
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.quant.formats import fake_quantize
+from tokenmill.quant.groups import layer_group_weights
 from tokenmill.quant.kld import make_chunks
 from tokenmill.quant.scoring import ModelScorer
 
@@ -151,17 +152,6 @@ def _kv_tie(arch: ArchConfig):
     return tie
 
 
-def _group_weights(layer: int) -> dict[str, list[str]]:
-    """The weights of each group of a layer, by group kind."""
-    p = f"model.layers.{layer}."
-    return {
-        "attn_qkv": [p + f"self_attn.{n}_proj.weight" for n in "qkv"],
-        "attn_o": [p + "self_attn.o_proj.weight"],
-        "mlp_gate_up": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
-        "mlp_down": [p + "mlp.down_proj.weight"],
-    }
-
-
 def select_outlier_channels(
     arch: ArchConfig,
     weights: dict[str, torch.Tensor],
@@ -174,7 +164,7 @@ def select_outlier_channels(
     under them); the plan keeps these in float32."""
     chosen = {}
     for i in range(arch.num_hidden_layers):
-        for kind, names in _group_weights(i).items():
+        for kind, names in layer_group_weights(i).items():
             group = f"layers.{i}.{kind}"
             if group not in choices or group not in stats:
                 continue
@@ -199,7 +189,7 @@ def calibrate(
     choices = {}
     for i in range(arch.num_hidden_layers):
         p = f"model.layers.{i}."
-        fused = _group_weights(i)
+        fused = layer_group_weights(i)
         plans = {}
         for kind, names in fused.items():
             group = f"layers.{i}.{kind}"

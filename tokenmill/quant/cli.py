@@ -130,10 +130,11 @@ def _sensitivity(bench, plan, calibrated) -> dict:
     print(f"\n## sensitivity: one group in {fmt}, the rest float32")
     print(f"  {'group':24s} {'mean KLD':>10s} {'p99 KLD':>9s} {'same top':>9s} {'MB':>7s}")
     rows = {}
+    float_bytes = bench.weight_bytes(QuantPlan("float32"))
     for pattern in sensitivity_groups(bench.num_layers):
         one = QuantPlan("float32", ((pattern, fmt),))
         report = bench.measure(one, calibrated)
-        mb = (bench.weight_bytes(QuantPlan("float32")) - bench.weight_bytes(one)) / 1e6
+        mb = (float_bytes - bench.weight_bytes(one)) / 1e6
         rows[pattern] = report.to_dict()
         print(
             f"  {pattern:24s} {report.mean_kld:10.6f} {report.p99_kld:9.5f} "

@@ -14,7 +14,7 @@ import torch
 from tokenmill.model.linear import get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.loader import ModelFiles, load_model_files
-from tokenmill.quant.groups import group_of
+from tokenmill.quant.groups import linear_groups
 from tokenmill.quant.kld import (
     KLDReport,
     ScoredLogProbs,
@@ -73,12 +73,7 @@ class FidelityBench:
     def files_for(self, plan: QuantPlan, calibrated: Calibrated | None = None) -> ModelFiles:
         """A copy of the loaded model's files with weights prepared for `plan`; `calibrated`:
         weights already calibrated for it (skips calibrating again)."""
-        if plan.loads_packed:
-            if self._packed_files is None:
-                self._packed_files = load_model_files(self.model_path, packed=True)
-            base = self._packed_files
-        else:
-            base = self.float_files
+        base = self._packed() if plan.loads_packed else self.float_files
         base_weights = calibrated.weights if calibrated is not None else base.weights
         files = dataclasses.replace(base, weights=dict(base_weights))
         outliers = None
@@ -142,20 +137,18 @@ class FidelityBench:
     def weight_bytes(self, plan: QuantPlan) -> float:
         """Bytes of the linear layers' weights under `plan` (what decode reads per token)."""
         files = self.float_files
-        tied = files.arch.tie_word_embeddings or "lm_head.weight" not in files.weights
         total = 0.0
-        for name, w in files.weights.items():
-            group = group_of(name, tied)
-            if group is None:
-                continue
+        for name, group in linear_groups(files.weights, files.arch.tie_word_embeddings).items():
             fmt = plan.format_for(group)
-            bits = BITS_PER_WEIGHT.get(fmt, 32.0) if fmt != "native" else self._native_bits(name)
-            total += torch.Size(w.shape).numel() * bits / 8
+            numel = torch.Size(files.weights[name].shape).numel()
+            if fmt == "native":  # the file's own bytes (4 per value where it stores floats)
+                total += getattr(self._packed().weights[name], "nbytes", 4 * numel)
+            else:
+                total += numel * BITS_PER_WEIGHT.get(fmt, 32.0) / 8
         return total
 
-    def _native_bits(self, name: str) -> float:
+    def _packed(self) -> ModelFiles:
+        """The model's files with the file's packed blocks kept (loaded on first use)."""
         if self._packed_files is None:
             self._packed_files = load_model_files(self.model_path, packed=True)
-        w = self._packed_files.weights[name]
-        nbytes = getattr(w, "nbytes", None)
-        return 8 * nbytes / torch.Size(w.shape).numel() if nbytes else 32.0
+        return self._packed_files

@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+from tokenmill.cache_dirs import cache_root
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.quant.plan import QuantPlan
 from tokenmill.quant.texts import CALIBRATION_TEXT, EVALUATION_TEXT, read_text
@@ -26,13 +27,6 @@ _CACHE_VERSION = "1"
 
 class KLDBudgetExceeded(ValueError):
     pass
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("TOKENMILL_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "tokenmill"
-    )
-    return Path(root) / "kld"
 
 
 def _hash_file(h, path: Path) -> None:
@@ -68,7 +62,7 @@ def measure_engine_kld(
     """The KLD report (dict) of `engine_model` (the plan's weights, already built) against the
     same model in float32; from the cache when this exact measurement was made before."""
     key = fingerprint(model_path, plan)
-    cached = _cache_dir() / f"{key}.json"
+    cached = cache_root() / "kld" / f"{key}.json"
     if cached.exists():
         try:
             return json.loads(cached.read_text())

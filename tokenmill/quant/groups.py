@@ -33,6 +33,23 @@ def group_of(name: str, tied_embeddings: bool) -> str | None:
     return None
 
 
+def layer_group_weights(layer: int) -> dict[str, list[str]]:
+    """A decoder layer's groups by kind, each with its weights' names in fused order."""
+    names: dict[str, list[str]] = {kind: [] for kind in GROUP_KINDS}
+    for module, kind in _KIND_OF.items():
+        names[kind].append(f"model.layers.{layer}.{module}.weight")
+    return names
+
+
+def linear_groups(names, tie_word_embeddings: bool) -> dict[str, str]:
+    """weight name -> group, for the weights of `names` that are linear layers' matrices (the
+    embedding table is the output layer when tied, or when there is no lm_head weight)."""
+    names = list(names)
+    tied = tie_word_embeddings or "lm_head.weight" not in names
+    groups = {name: group_of(name, tied) for name in names}
+    return {name: group for name, group in groups.items() if group is not None}
+
+
 def all_groups(num_layers: int) -> list[str]:
     return [f"layers.{i}.{kind}" for i in range(num_layers) for kind in GROUP_KINDS] + ["lm_head"]
 

@@ -11,7 +11,7 @@ import torch
 
 from tokenmill.model.loader import ModelFiles, load_model_files
 from tokenmill.model.packed import Int8Weight, OutlierSplit, PackedWeight, as_float
-from tokenmill.quant.groups import group_of
+from tokenmill.quant.groups import linear_groups
 from tokenmill.quant.plan import QuantPlan
 from tokenmill.quant.schemes import AT_LOAD_FORMATS, CALIBRATED_SCHEMES
 
@@ -38,13 +38,9 @@ def apply_plan(
     these weights (else the plan's own calibration chooses them)."""
     t0 = time.monotonic()
     weights = files.weights
-    tied = files.arch.tie_word_embeddings or "lm_head.weight" not in weights
     if plan.calibration is not None:
         outliers = calibrate_weights(files, plan)
-    for name in list(weights):
-        group = group_of(name, tied)
-        if group is None:
-            continue
+    for name, group in linear_groups(weights, files.arch.tie_word_embeddings).items():
         fmt = plan.format_for(group)
         channels = outliers.get(group) if outliers and fmt in AT_LOAD_FORMATS else None
         key = (name, fmt, plan.method, channels is not None)
@@ -124,7 +120,7 @@ def calibrate_weights(files: ModelFiles, plan: QuantPlan) -> dict[str, torch.Ten
     )
     logger.info(
         "calibrated on %d tokens: %d of %d groups rescaled, layer output error %.2fx lower, %.1fs",
-        min(len(ids), 2048),
+        max(s.count for s in stats.values()),
         len(scaled),
         len(choices),
         gain,

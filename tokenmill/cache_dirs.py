@@ -1,0 +1,11 @@
+"""Where tokenmill keeps what it builds and measures: $TOKENMILL_CACHE, else ~/.cache/tokenmill
+(kernels/, kv/, kld/, llama.cpp peers)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TOKENMILL_CACHE") or os.path.expanduser("~/.cache/tokenmill"))
