@@ -121,6 +121,87 @@ def test_dequantization_is_exact(kernels, qtype):
     assert torch.equal(rows, out[ids])
 
 
+# ---------------------------------------------------------------- integer-dot decode GEMV
+
+
+def int_dot(lib, x, w, bias=None, out=None, reference=False):
+    """The integer-dot GEMV of `lib` on w (repacked by the same build)."""
+    repacked = torch.empty(w.data.numel(), dtype=torch.uint8)
+    lib.tm_int_dot_repack(w.data.data_ptr(), w.qtype, w.rows, w.cols, repacked.data_ptr())
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(x.shape[0], w.rows)
+    if reference:
+        lib.tm_int_dot_linear_reference(
+            x.data_ptr(), x.shape[0], x.shape[1], repacked.data_ptr(), w.qtype, w.rows,
+            out.data_ptr(),
+        )  # fmt: skip
+        return out
+    lib.tm_int_dot_linear(
+        x.data_ptr(), x.shape[0], x.shape[1], repacked.data_ptr(), w.qtype, w.rows,
+        bias.data_ptr() if bias is not None else None, out.data_ptr(), int(accumulate), 2,
+    )  # fmt: skip
+    return out
+
+
+def test_int_dot_supports_the_32_value_formats_in_groups_of_16_rows(kernels):
+    for name, qtype in QTYPES.items():
+        assert kernels.tm_int_dot_supported(qtype, 48, 96), name
+        assert not kernels.tm_int_dot_supported(qtype, 40, 96), name  # not a multiple of 16
+    for name, qtype in MORE_QTYPES.items():
+        assert not kernels.tm_int_dot_supported(qtype, 48, 512), name
+
+
+@pytest.mark.parametrize("qtype", list(QTYPES))
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+def test_int_dot_is_exact_but_for_the_24_bit_activation(kernels, qtype, rows):
+    """Against float64 on the exactly dequantized weight: the error stays at fp32's order
+    (24-bit activation digits); every build gives the plain C reference's bits, and a row's
+    result does not depend on the rows run with it."""
+    w = packed(qtype, 48, 160, seed=rows)
+    x = torch.randn(rows, 160) * torch.logspace(-3, 3, 160)  # blocks of very different scales
+    x[0, :32] = 0.0  # an all-zero block
+    expected = x.double() @ w.dequantize().double().t()
+    ours = int_dot(kernels, x, w)
+    scale = x.abs().double() @ w.dequantize().abs().double().t()  # bound of each sum's terms
+    assert ((ours.double() - expected).abs() <= 2e-6 * scale + 1e-30).all()
+    assert torch.equal(ours, int_dot(kernels, x, w, reference=True))
+    assert torch.equal(ours, int_dot(build_kernels("x86-64"), x, w))
+    for r in range(rows):
+        assert torch.equal(ours[r : r + 1], int_dot(kernels, x[r : r + 1].clone(), w))
+    bias, residual = torch.randn(48), torch.randn(rows, 48)
+    assert torch.equal(int_dot(kernels, x, w, bias=bias), ours + bias)
+    assert torch.equal(int_dot(kernels, x, w, out=residual.clone()), residual + ours)
+
+
+def test_int_dot_passes_non_finite_activations_on(kernels):
+    w = packed("Q4_1", 16, 64)
+    x = torch.randn(3, 64)
+    x[0, 3], x[1, 40], x[2, 5] = float("nan"), float("inf"), 1e30  # large but finite: kept
+    y = int_dot(kernels, x, w)
+    assert y[0].isnan().all() and y[1].isnan().all()
+    assert y[2].isfinite().all()
+    expected = x[2].double() @ w.dequantize().double().t()
+    assert torch.allclose(y[2].double(), expected, rtol=1e-5)
+
+
+def test_packed_linear_uses_int_dot_for_decode_rows_where_it_can(monkeypatch):
+    from tokenmill.kernels import ops
+    from tokenmill.model.linear import PackedLinear
+
+    x = torch.randn(3, 96)
+    for name in QTYPES:
+        w = packed(name, 32, 96)
+        linear = PackedLinear(w, None)
+        assert (linear.int_dot is not None) == (ops.int_dot_kind() > 0), name
+        exact = x @ w.dequantize().t()
+        assert torch.allclose(linear(x), exact, rtol=1e-5, atol=1e-5)
+    assert PackedLinear(packed("Q4_1", 40, 96), None).int_dot is None  # 40 rows: fp32 GEMV
+    assert PackedLinear(packed("Q5_1", 32, 96), None).int_dot is None
+    monkeypatch.setenv("TOKENMILL_INT_DOT", "0")
+    assert PackedLinear(packed("Q4_1", 32, 96), None).int_dot is None
+
+
 def test_fused_projections_stay_packed_when_formats_agree():
     q, k = packed("Q4_1", 8, 64, 1), packed("Q4_1", 4, 64, 2)
     fused = cat_rows([q, k])

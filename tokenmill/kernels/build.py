@@ -23,7 +23,7 @@ import torch  # noqa: F401  (loads torch's libgomp first: the kernels then share
 from tokenmill.cache_dirs import cache_root
 
 logger = logging.getLogger(__name__)
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_kernels.c", "quant_kernels.c")]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_kernels.c", "quant_kernels.c", "int_dot_kernels.c")]
 _FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 
@@ -113,8 +113,20 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_dequant_matrix": [p, i32, i64, i64, p, i32],
         "tm_dequant_rows": [p, i32, i64, p, i64, p, i32],
         "tm_qlinear": [p, i64, i64, p, i32, i64, p, p, i32, i32],
+        "tm_int_dot_kind": [],
+        "tm_int_dot_supported": [i32, i64, i64],
+        "tm_int_dot_repack": [p, i32, i64, i64, p],
+        "tm_int_dot_linear": [p, i64, i64, p, i32, i64, p, p, i32, i32],
+        "tm_int_dot_linear_reference": [p, i64, i64, p, i32, i64, p],
     }
+    int_results = (
+        "tm_has_vnni",
+        "tm_block_bytes",
+        "tm_block_values",
+        "tm_int_dot_kind",
+        "tm_int_dot_supported",
+    )
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = i32 if name in ("tm_has_vnni", "tm_block_bytes", "tm_block_values") else None
+        fn.restype = i32 if name in int_results else None

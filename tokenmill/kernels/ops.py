@@ -162,3 +162,40 @@ def dequant_rows(weight, ids: torch.Tensor) -> torch.Tensor:
         _p(weight.data), weight.qtype, weight.cols, _p(ids), ids.numel(), _p(out), _threads()
     )
     return out
+
+
+def int_dot_kind() -> int:
+    """The integer-dot decode GEMV this build runs: 2 AVX-512 VNNI, 1 AVX2, 0 plain C."""
+    return load_kernels().tm_int_dot_kind()
+
+
+def int_dot_supported(weight) -> bool:
+    """Whether a PackedWeight can be repacked for the integer-dot GEMV (int_dot_linear)."""
+    return bool(load_kernels().tm_int_dot_supported(weight.qtype, weight.rows, weight.cols))
+
+
+def int_dot_repack(weight) -> torch.Tensor:
+    """A PackedWeight's blocks regrouped for int_dot_linear (the same number of bytes)."""
+    out = torch.empty(weight.data.numel(), dtype=torch.uint8)
+    load_kernels().tm_int_dot_repack(
+        _p(weight.data.contiguous()), weight.qtype, weight.rows, weight.cols, _p(out)
+    )
+    return out
+
+
+def int_dot_linear(
+    x: torch.Tensor,  # [M <= 8, K] fp32, contiguous
+    repacked: torch.Tensor,  # int_dot_repack(weight)
+    weight,  # the PackedWeight it came from (format and shape)
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None = None,  # given: accumulate into it (residual add)
+) -> torch.Tensor:
+    m, k = x.shape
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(m, weight.rows, dtype=torch.float32)
+    load_kernels().tm_int_dot_linear(
+        _p(x), m, k, _p(repacked), weight.qtype, weight.rows, _p(bias), _p(out),
+        int(accumulate), _threads(),
+    )  # fmt: skip
+    return out

@@ -11,6 +11,8 @@ batch: both methods are batch-invariant.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -125,6 +127,15 @@ _PACKED_GEMV_MAX_ROWS = 8
 _DEQUANT_CHUNK_BYTES = 4 << 20
 
 
+def int_dot_decode(weight: PackedWeight) -> bool:
+    """Decode rows of this weight run the integer-dot GEMV (24-bit activations, VNNI or AVX2):
+    Q4_0 / Q4_1 / Q8_0 with rows in groups of 16, on a build with a vector implementation
+    (TOKENMILL_INT_DOT=0 keeps the fp32 GEMV)."""
+    if os.environ.get("TOKENMILL_INT_DOT", "1") == "0":
+        return False
+    return ops.int_dot_kind() > 0 and ops.int_dot_supported(weight)
+
+
 class PackedLinear:
     """y = x @ W^T (+ b) (+ residual) with W packed in GGUF blocks (exact dequantization).
 
@@ -140,12 +151,16 @@ class PackedLinear:
         self.bias = bias.float().contiguous() if bias is not None else None
         self.chunk_rows = max(1, _DEQUANT_CHUNK_BYTES // (4 * weight.cols))
         self._scratch: torch.Tensor | None = None
+        # decode rows run integer dot products on a regrouped copy where the format allows
+        self.int_dot = ops.int_dot_repack(weight) if int_dot_decode(weight) else None
         # the float32 method's layer on the same weights: batched results equal its results
         self.float_linear = FloatLinear(weight.dequantize(), bias) if keep_float else None
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()
         if x.shape[0] <= _PACKED_GEMV_MAX_ROWS:
+            if self.int_dot is not None:
+                return ops.int_dot_linear(x, self.int_dot, self.weight, self.bias, residual)
             return ops.qlinear(x, self.weight, self.bias, residual)
         if self.float_linear is not None:
             return self.float_linear(x, residual)

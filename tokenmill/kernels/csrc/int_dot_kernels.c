@@ -1,0 +1,405 @@
+// Decode GEMV on Q4_0 / Q4_1 / Q8_0 weights as integer dot products (VNNI), with the
+// activation row rounded to 24-bit integers per 32-value block.
+//
+// The fp32 GEMV (quant_kernels.c) spends ~9 vector instructions per 32 weights on unpacking,
+// converting and multiplying; integer dot products (AVX-512 VNNI vpdpbusd: 64 u8 x s8
+// products per instruction) need a few. The activations must then be integers: each 32-value
+// block of a row is scaled by s = amax / 8355711 and rounded to x_int (error <= 6e-8 of the
+// block's largest value, the order of fp32 rounding; llama.cpp rounds to 8 bits here), whose
+// three balanced base-256 digits (int8 each) are three byte planes. Per block and plane the
+// products sum exactly in int32, so the only roundings besides the activation's are a few
+// fp32 operations per block: y = sum_b d_b * (s_b * S_b) (+ m_b * s_b * sum x_int).
+//
+// Weights are repacked once (tm_int_dot_repack) into groups of 16 rows: each 32-value block
+// of the 16 rows is stored as dwords interleaved across the rows (lane r of a 64-byte vector
+// holds 4 bytes of row r), then the 16 fp16 scales (and minimums). One vector then feeds 16
+// rows' dot products. Q8_0 values are stored offset by 128 (u8), corrected per block.
+// Every implementation (AVX-512 VNNI, AVX2, plain C) runs the same per-row sequence of fp32
+// operations, so all give bit-identical results, independent of how many rows run together.
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8 };
+#define QK 32
+#define GROUP 16           // weight rows interleaved per group
+#define MAX_ROWS 8         // activation rows per call
+#define PREFETCH_BYTES 4096  // how far ahead of the weight stream to prefetch (measured)
+#define X_INT_MAX 8355711.0f  // 0x7F7F7F: |x_int| bound whose three balanced bytes fit int8
+
+static inline float fp16(const uint8_t* p) {
+    _Float16 h;
+    memcpy(&h, p, 2);
+    return (float)h;
+}
+
+static inline int supported(int qt) { return qt == QT_Q4_0 || qt == QT_Q4_1 || qt == QT_Q8_0; }
+
+// Bytes of one quantized dword block column (4 bytes per row per dword) of a group-block.
+static inline int group_qs_bytes(int qt) { return qt == QT_Q8_0 ? GROUP * QK : GROUP * QK / 2; }
+
+static inline int64_t group_block_bytes(int qt) {
+    switch (qt) {
+        case QT_Q4_0: return GROUP * 18;
+        case QT_Q4_1: return GROUP * 20;
+        case QT_Q8_0: return GROUP * 34;
+        default: return 0;
+    }
+}
+
+// Which implementation this build runs: 2 AVX-512 VNNI, 1 AVX2 (VNNI emulated), 0 plain C.
+int tm_int_dot_kind(void) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    return 2;
+#elif defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int tm_int_dot_supported(int qt, int64_t N, int64_t K) {
+    return supported(qt) && N % GROUP == 0 && K % QK == 0;
+}
+
+// w: N rows of K / 32 ggml blocks; out: N / 16 groups of K / 32 group-blocks.
+void tm_int_dot_repack(const uint8_t* w, int qt, int64_t N, int64_t K, uint8_t* out) {
+    const int in_block = (int)(group_block_bytes(qt) / GROUP), head = qt == QT_Q4_1 ? 4 : 2;
+    const int qs_bytes = in_block - head, dwords = qs_bytes / 4;
+    const int64_t nb = K / QK, gbb = group_block_bytes(qt);
+    for (int64_t g = 0; g < N / GROUP; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t* o = out + (g * nb + b) * gbb;
+            for (int r = 0; r < GROUP; r++) {
+                const uint8_t* blk = w + ((g * GROUP + r) * nb + b) * in_block;
+                for (int j = 0; j < dwords; j++)
+                    for (int t = 0; t < 4; t++) {
+                        uint8_t v = blk[head + 4 * j + t];
+                        if (qt == QT_Q8_0) v ^= 0x80;  // int8 -> uint8 (value + 128)
+                        o[(j * GROUP + r) * 4 + t] = v;
+                    }
+                memcpy(o + qs_bytes * GROUP + 2 * r, blk, 2);  // d
+                if (qt == QT_Q4_1) memcpy(o + qs_bytes * GROUP + 2 * GROUP + 2 * r, blk + 2, 2);  // m
+            }
+        }
+}
+
+// ---------------------------------------------------------------- activation rows
+
+typedef struct {
+    int8_t* planes;  // [M, 3, K]: the high, middle and low bytes of x_int
+    float* scale;    // [M, K / 32]
+    float* sum;      // [M, K / 32]: scale * sum of x_int
+    int32_t* psum;   // [M, K / 32, 3]: sum of each byte plane (the Q8_0 offset correction)
+} IntRows;
+
+static inline const int8_t* plane(const IntRows* q, int64_t m, int p, int64_t K) {
+    return q->planes + (3 * m + p) * K;
+}
+
+static void quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q) {
+    const int64_t nb = K / QK;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float* xb = x + m * K + b * QK;
+            int8_t* hi = q->planes + 3 * m * K + b * QK;
+            int8_t* mid = hi + K;
+            int8_t* lo = mid + K;
+            float amax = 0.0f, nonfinite = 0.0f;  // NaN when the block holds inf or NaN
+            for (int j = 0; j < QK; j++) {
+                amax = fmaxf(amax, fabsf(xb[j]));
+                nonfinite += xb[j] * 0.0f;
+            }
+            const float inv = amax > 0.0f && nonfinite == 0.0f ? X_INT_MAX / amax : 0.0f;
+            const float s = amax / X_INT_MAX + nonfinite;  // a NaN scale: NaN out, as fp32 would
+            int64_t total = 0;
+            int32_t sums[3] = {0, 0, 0};
+            for (int j = 0; j < QK; j++) {
+                const float r = fminf(fmaxf(rintf(xb[j] * inv), -X_INT_MAX), X_INT_MAX);
+                const int32_t v = (int32_t)r;
+                // balanced base-256 digits: v = 65536 hi + 256 mid + lo, each in [-127, 127]
+                const int32_t l = (int8_t)(uint8_t)(v & 0xFF), v1 = (v - l) / 256;
+                const int32_t md = (int8_t)(uint8_t)(v1 & 0xFF), h = (v1 - md) / 256;
+                hi[j] = (int8_t)h;
+                mid[j] = (int8_t)md;
+                lo[j] = (int8_t)l;
+                sums[0] += h;
+                sums[1] += md;
+                sums[2] += l;
+                total += v;
+            }
+            q->scale[m * nb + b] = s;
+            q->sum[m * nb + b] = s * (float)total;
+            memcpy(q->psum + 3 * (m * nb + b), sums, sizeof sums);
+        }
+}
+
+static IntRows alloc_rows(int64_t M, int64_t K, void** buffer) {
+    const int64_t nb = K / QK;
+    char* p = malloc((size_t)(3 * M * K + sizeof(float) * 5 * M * nb));
+    *buffer = p;
+    IntRows q = {(int8_t*)p, (float*)(p + 3 * M * K), (float*)(p + 3 * M * K) + M * nb,
+                 (int32_t*)((float*)(p + 3 * M * K) + 2 * M * nb)};
+    return q;
+}
+
+// One block's contribution to a row's accumulator from its exact integer dot products by
+// byte plane, with the same fp32 operations in every implementation:
+//   f = fma(S_hi, 65536, 256 S_mid + S_lo)  (planes of Q8_0 corrected by -128 * plane sum)
+//   Q4_1: acc = fma(m, sum, fma(f * s, d, acc)); Q4_0: acc = fma(fma(f, s, -8 sum), d, acc);
+//   Q8_0: acc = fma(f * s, d, acc).
+static inline float block_term_c(int qt, const int32_t S[3], float s, float sum, float d,
+                                 float mn, float acc) {
+    const float f = fmaf((float)S[0], 65536.0f, (float)(256 * S[1] + S[2]));
+    if (qt == QT_Q4_0) return fmaf(fmaf(f, s, -8.0f * sum), d, acc);
+    acc = fmaf(f * s, d, acc);
+    return qt == QT_Q4_1 ? fmaf(mn, sum, acc) : acc;
+}
+
+// ---------------------------------------------------------------- plain C
+
+static void group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M, int64_t K,
+                    float out[][GROUP]) {
+    const int64_t gbb = group_block_bytes(qt);
+    const int qs = group_qs_bytes(qt);
+    for (int64_t m = 0; m < M; m++)
+        for (int r = 0; r < GROUP; r++) out[m][r] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t* blk = gw + b * gbb;
+        for (int64_t m = 0; m < M; m++)
+            for (int r = 0; r < GROUP; r++) {
+                int32_t S[3] = {0, 0, 0};
+                for (int j = 0; j < 8; j++)
+                    for (int t = 0; t < 4; t++) {
+                        int w;
+                        if (qt == QT_Q8_0) {
+                            w = blk[(j * GROUP + r) * 4 + t];
+                        } else {  // dword j % 4: low nibbles for j < 4, high nibbles for j >= 4
+                            const uint8_t byte = blk[((j & 3) * GROUP + r) * 4 + t];
+                            w = j < 4 ? byte & 0x0F : byte >> 4;
+                        }
+                        for (int p = 0; p < 3; p++) S[p] += w * plane(q, m, p, K)[b * QK + 4 * j + t];
+                    }
+                if (qt == QT_Q8_0)
+                    for (int p = 0; p < 3; p++) S[p] -= 128 * q->psum[3 * (m * nb + b) + p];
+                const float d = fp16(blk + qs + 2 * r);
+                const float mn = qt == QT_Q4_1 ? fp16(blk + qs + 2 * GROUP + 2 * r) : 0.0f;
+                out[m][r] = block_term_c(qt, S, q->scale[m * nb + b], q->sum[m * nb + b], d, mn,
+                                         out[m][r]);
+            }
+    }
+}
+
+// ---------------------------------------------------------------- AVX-512 VNNI
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE void group_avx512_t(int qt, const uint8_t* gw, int64_t nb, const IntRows* q,
+                                  int64_t M, int64_t K, float out[][GROUP]) {
+    const int64_t gbb = group_block_bytes(qt);
+    const int qs = group_qs_bytes(qt);
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    __m512 acc[MAX_ROWS];
+    for (int64_t m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t* blk = gw + b * gbb;
+        for (int64_t line = 0; line < gbb; line += 64)  // the stream runs ahead of the prefetcher
+            _mm_prefetch((const char*)blk + PREFETCH_BYTES + line, _MM_HINT_T0);
+        __m512i w[8];
+        if (qt == QT_Q8_0) {
+            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(blk + 64 * j);
+        } else {
+            for (int j = 0; j < 4; j++) {
+                const __m512i v = _mm512_loadu_si512(blk + 64 * j);
+                w[j] = _mm512_and_si512(v, nib);
+                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs)));
+        for (int64_t m = 0; m < M; m++) {
+            __m512i S[3];
+            for (int p = 0; p < 3; p++) {
+                const int32_t* xp = (const int32_t*)(plane(q, m, p, K) + b * QK);
+                __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+                for (int j = 0; j < 8; j += 2) {
+                    even = _mm512_dpbusd_epi32(even, w[j], _mm512_set1_epi32(xp[j]));
+                    odd = _mm512_dpbusd_epi32(odd, w[j + 1], _mm512_set1_epi32(xp[j + 1]));
+                }
+                S[p] = _mm512_add_epi32(even, odd);
+                if (qt == QT_Q8_0)
+                    S[p] = _mm512_sub_epi32(S[p], _mm512_set1_epi32(128 * q->psum[3 * (m * nb + b) + p]));
+            }
+            const __m512 f = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(S[0]), _mm512_set1_ps(65536.0f),
+                _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(S[1], 8), S[2])));
+            const float s = q->scale[m * nb + b], sum = q->sum[m * nb + b];
+            if (qt == QT_Q4_0) {
+                const __m512 g = _mm512_fmadd_ps(f, _mm512_set1_ps(s), _mm512_set1_ps(-8.0f * sum));
+                acc[m] = _mm512_fmadd_ps(g, d, acc[m]);
+            } else {
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(f, _mm512_set1_ps(s)), d, acc[m]);
+                if (qt == QT_Q4_1) {
+                    const __m512 mn = _mm512_cvtph_ps(
+                        _mm256_loadu_si256((const __m256i*)(blk + qs + 2 * GROUP)));
+                    acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sum), acc[m]);
+                }
+            }
+        }
+    }
+    for (int64_t m = 0; m < M; m++) _mm512_storeu_ps(out[m], acc[m]);
+}
+
+static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                       int64_t K, float out[][GROUP]) {
+    switch (qt) {
+        case QT_Q4_0: group_avx512_t(QT_Q4_0, gw, nb, q, M, K, out); break;
+        case QT_Q4_1: group_avx512_t(QT_Q4_1, gw, nb, q, M, K, out); break;
+        case QT_Q8_0: group_avx512_t(QT_Q8_0, gw, nb, q, M, K, out); break;
+        default: break;
+    }
+}
+#elif defined(__AVX2__)
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+// u8 x s8 dot products of 4-byte groups into int32 lanes: AVX-VNNI where the CPU has it, else
+// pmaddubsw + pmaddwd (exact while a pair of products stays within int16: 4-bit weights, so
+// Q8_0's bytes go in as two nibbles).
+ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+// Rows 8h .. 8h + 7 of a group (the half h of each 64-byte vector).
+ALWAYS_INLINE void half_avx2_t(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                               int64_t K, int h, float out[][GROUP]) {
+    const int64_t gbb = group_block_bytes(qt);
+    const int qs = group_qs_bytes(qt);
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    __m256 acc[MAX_ROWS];
+    for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t* blk = gw + b * gbb;
+        if (h == 0)  // the stream runs ahead of the prefetcher
+            for (int64_t line = 0; line < gbb; line += 64)
+                _mm_prefetch((const char*)blk + PREFETCH_BYTES + line, _MM_HINT_T0);
+        __m256i w[8];
+        if (qt == QT_Q8_0) {
+            for (int j = 0; j < 8; j++) w[j] = _mm256_loadu_si256((const __m256i*)(blk + 64 * j + 32 * h));
+        } else {
+            for (int j = 0; j < 4; j++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i*)(blk + 64 * j + 32 * h));
+                w[j] = _mm256_and_si256(v, nib);
+                w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + qs + 16 * h)));
+        for (int64_t m = 0; m < M; m++) {
+            __m256i S[3];
+            for (int p = 0; p < 3; p++) {
+                const int32_t* xp = (const int32_t*)(plane(q, m, p, K) + b * QK);
+                __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+                for (int j = 0; j < 8; j += 2) {
+#if !defined(__AVXVNNI__)
+                    if (qt == QT_Q8_0) {  // 8-bit weights: high and low nibbles (exact pairs)
+                        for (int i = 0; i < 2; i++) {
+                            const __m256i x4 = _mm256_set1_epi32(xp[j + i]);
+                            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w[j + i], 4), nib);
+                            even = dot4(even, hi, x4);
+                            odd = dot4(odd, _mm256_and_si256(w[j + i], nib), x4);
+                        }
+                        continue;
+                    }
+#endif
+                    even = dot4(even, w[j], _mm256_set1_epi32(xp[j]));
+                    odd = dot4(odd, w[j + 1], _mm256_set1_epi32(xp[j + 1]));
+                }
+#if !defined(__AVXVNNI__)
+                if (qt == QT_Q8_0)  // even: the high nibbles' products, odd: the low ones'
+                    even = _mm256_slli_epi32(even, 4);
+#endif
+                S[p] = _mm256_add_epi32(even, odd);
+                if (qt == QT_Q8_0)
+                    S[p] = _mm256_sub_epi32(S[p], _mm256_set1_epi32(128 * q->psum[3 * (m * nb + b) + p]));
+            }
+            const __m256 f = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(S[0]), _mm256_set1_ps(65536.0f),
+                _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(S[1], 8), S[2])));
+            const float s = q->scale[m * nb + b], sum = q->sum[m * nb + b];
+            if (qt == QT_Q4_0) {
+                const __m256 g = _mm256_fmadd_ps(f, _mm256_set1_ps(s), _mm256_set1_ps(-8.0f * sum));
+                acc[m] = _mm256_fmadd_ps(g, d, acc[m]);
+            } else {
+                acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(f, _mm256_set1_ps(s)), d, acc[m]);
+                if (qt == QT_Q4_1) {
+                    const __m256 mn = _mm256_cvtph_ps(
+                        _mm_loadu_si128((const __m128i*)(blk + qs + 2 * GROUP + 16 * h)));
+                    acc[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(sum), acc[m]);
+                }
+            }
+        }
+    }
+    for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(out[m] + 8 * h, acc[m]);
+}
+
+static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                       int64_t K, float out[][GROUP]) {
+    for (int h = 0; h < 2; h++) switch (qt) {
+            case QT_Q4_0: half_avx2_t(QT_Q4_0, gw, nb, q, M, K, h, out); break;
+            case QT_Q4_1: half_avx2_t(QT_Q4_1, gw, nb, q, M, K, h, out); break;
+            case QT_Q8_0: half_avx2_t(QT_Q8_0, gw, nb, q, M, K, h, out); break;
+            default: break;
+        }
+}
+#else
+static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                       int64_t K, float out[][GROUP]) {
+    group_c(qt, gw, nb, q, M, K, out);
+}
+#endif
+
+// y[m, n] = x[m] . W[n] (+ bias[n]) (+ y[m, n] when accumulating); M <= 8 rows; w repacked.
+void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
+                       const float* bias, float* y, int accumulate, int nthreads) {
+    const int64_t nb = K / QK;
+    void* buffer;
+    IntRows q = alloc_rows(M, K, &buffer);
+    quantize_rows(x, M, K, &q);
+    const int64_t gbb = group_block_bytes(qt);
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t g = 0; g < N / GROUP; g++) {
+        float out[MAX_ROWS][GROUP];
+        group_fast(qt, w + g * nb * gbb, nb, &q, M, K, out);
+        for (int64_t m = 0; m < M; m++)
+            for (int r = 0; r < GROUP; r++) {
+                const int64_t n = g * GROUP + r;
+                const float v = out[m][r] + (bias ? bias[n] : 0.0f);
+                y[m * N + n] = accumulate ? y[m * N + n] + v : v;
+            }
+    }
+    free(buffer);
+}
+
+// The plain C implementation whatever the build (tests compare the fast one against it).
+void tm_int_dot_linear_reference(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt,
+                                 int64_t N, float* y) {
+    const int64_t nb = K / QK;
+    void* buffer;
+    IntRows q = alloc_rows(M, K, &buffer);
+    quantize_rows(x, M, K, &q);
+    for (int64_t g = 0; g < N / GROUP; g++) {
+        float out[MAX_ROWS][GROUP];
+        group_c(qt, w + g * nb * group_block_bytes(qt), nb, &q, M, K, out);
+        for (int64_t m = 0; m < M; m++)
+            for (int r = 0; r < GROUP; r++) y[m * N + g * GROUP + r] = out[m][r];
+    }
+    free(buffer);
+}
