@@ -23,7 +23,10 @@ import torch  # noqa: F401  (loads torch's libgomp first: the kernels then share
 from tokenmill.cache_dirs import cache_root
 
 logger = logging.getLogger(__name__)
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_kernels.c", "quant_kernels.c", "int_dot_kernels.c")]
+_SOURCES = [
+    Path(__file__).parent / "csrc" / name
+    for name in ("cpu_kernels.c", "quant_kernels.c", "int_dot_kernels.c")
+]
 _FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 
