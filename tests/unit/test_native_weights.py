@@ -392,6 +392,50 @@ def test_native_model_in_the_newer_formats_matches_its_file_dequantized(tmp_path
     ]
 
 
+@pytest.mark.parametrize("qtype", list(QTYPES))
+def test_fused_decode_equals_the_per_layer_path(tmp_path, tiny_source, qtype, monkeypatch):
+    """Decode steps run every layer in one native call (fused_decode.py) when every projection
+    has the integer-dot GEMV: the same kernels in the same order as the per-layer path."""
+    path = tmp_path / f"tiny-{qtype}.gguf"
+    write_gguf(tiny_source, path, qtype)
+    fused = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
+    monkeypatch.setenv("TOKENMILL_FUSED_DECODE", "0")
+    per_layer = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
+    reference = LLM(str(path), kv_cache_memory_gib=0.05, weights="float32")
+    monkeypatch.delenv("TOKENMILL_FUSED_DECODE")
+    calls = []
+    model = fused.engine.core.model
+    original = model._fused_decoder
+
+    def spy(*args):
+        decoder = original(*args)
+        calls.append(decoder is not None)
+        return decoder
+
+    model._fused_decoder = spy
+    for prompt in PROMPTS:
+        a = sequence_logits(fused.engine.core, prompt, chunk_size=1)  # all single-token rows
+        b = sequence_logits(per_layer.engine.core, prompt, chunk_size=1)
+        ref = sequence_logits(reference.engine.core, prompt, chunk_size=1)
+        assert (a - b).abs().max().item() <= 1e-5, qtype  # SiLU: libm expf vs torch's
+        assert (a - ref).abs().max().item() <= 1e-3, qtype
+    assert calls and all(calls)
+    assert per_layer.engine.core.model._fused is None
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    assert [o.outputs[0].token_ids for o in fused.generate(prompts, params)] == [
+        o.outputs[0].token_ids for o in per_layer.generate(prompts, params)
+    ]
+
+
+def test_fused_decode_needs_every_projection_on_the_integer_dot_gemv(tmp_path, tiny_source):
+    path = tmp_path / "tiny-Q5_1.gguf"
+    write_gguf(tiny_source, path, "Q5_1")  # no integer-dot GEMV for Q5_1
+    llm = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
+    llm.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(max_tokens=4))
+    assert llm.engine.core.model._fused is None
+
+
 def test_native_batch_of_32_matches_alone(tmp_path, tiny_source):
     from tests.unit.test_invariance import mixed_prompts, run_checked
 

@@ -25,7 +25,7 @@ from tokenmill.cache_dirs import cache_root
 logger = logging.getLogger(__name__)
 _SOURCES = [
     Path(__file__).parent / "csrc" / name
-    for name in ("cpu_kernels.c", "quant_kernels.c", "int_dot_kernels.c")
+    for name in ("cpu_kernels.c", "quant_kernels.c", "int_dot_kernels.c", "decode_layers.c")
 ]
 _FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
@@ -121,6 +121,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_int_dot_repack": [p, i32, i64, i64, p],
         "tm_int_dot_linear": [p, i64, i64, p, i32, i64, p, p, i32, i32],
         "tm_int_dot_linear_reference": [p, i64, i64, p, i32, i64, p],
+        "tm_decode_layers": [p, i64, p, p, p, i32],
     }
     int_results = (
         "tm_has_vnni",

@@ -207,6 +207,7 @@ class OutlierLinear:
 
 class FloatMethod:
     name = "float32"
+    fused_decode = False  # decode steps in one native call (fused_decode.py)
 
     def __init__(self) -> None:
         self.native = ops.kernels_available()
@@ -263,6 +264,8 @@ class NativeMethod(FloatMethod):
         super().__init__()
         # float32 copies of packed weights for batched GEMMs, first come first served
         self.dequant_cache_left = dequant_cache_bytes
+        # TOKENMILL_FUSED_DECODE=0 keeps decode steps on the per-layer path
+        self.fused_decode = self.native and os.environ.get("TOKENMILL_FUSED_DECODE", "1") != "0"
 
     def _keep_float(self, weight: PackedWeight) -> bool:
         nbytes = 4 * weight.rows * weight.cols

@@ -13,6 +13,7 @@ import torch
 from tokenmill.kernels import ops
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
+from tokenmill.model.fused_decode import FusedDecoder, decode_only
 from tokenmill.model.linear import FloatMethod
 from tokenmill.model.packed import PackedWeight, as_float, cat_rows
 from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
@@ -108,6 +109,8 @@ class LlamaForCausalLM:
             raise ValueError(f"unused weights in checkpoint: {leftover[:5]}")
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
         self.rope = RotaryEmbedding(cfg.head_dim, max_positions, inv_freq)
+        self._fused: FusedDecoder | None = None  # built at the first step it can run
+        self._fused_checked_for: list[torch.Tensor] | None = None
 
     def forward(
         self,
@@ -118,9 +121,20 @@ class LlamaForCausalLM:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         hidden = self.embed_tokens[input_ids]
+        fused = self._fused_decoder(kv_caches, attn)
+        if fused is not None and decode_only(meta, hidden.shape[0]):
+            return fused.forward(hidden, positions, meta)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(hidden, positions, self.rope, attn, kv_cache, meta)
         return hidden
+
+    def _fused_decoder(self, kv_caches: list[torch.Tensor], attn) -> FusedDecoder | None:
+        """The one-call decode path for these KV caches, when every layer can run it."""
+        if self._fused_checked_for is not kv_caches:
+            self._fused_checked_for = kv_caches
+            supported = FusedDecoder.supports(self, kv_caches, attn)
+            self._fused = FusedDecoder(self, kv_caches, attn) if supported else None
+        return self._fused
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + lm_head, only for the rows that get sampled."""
