@@ -216,6 +216,16 @@ class Limits:
     def ceiling(self, precision: str) -> float:
         return self.bandwidth_gbs * 1e9 / self.bytes_per_token[precision]
 
+    def cached_ceiling(self, precision: str) -> float | None:
+        """The ceiling at the weights-sized read's bandwidth, for weights no larger than it
+        (they may then stay partly in L3 from one token to the next)."""
+        if (
+            self.bytes_per_token[precision] > self.cached_bytes
+            or self.cached_gbs <= self.bandwidth_gbs
+        ):
+            return None
+        return self.cached_gbs * 1e9 / self.bytes_per_token[precision]
+
 
 class CpuMonitor:
     """CPU time that other processes used: busy time from /proc/stat minus this process's own
@@ -663,6 +673,12 @@ def limit_lines(limits: Limits, results: Sequence[Result]) -> list[str]:
         )
         if decode.get(system):
             line += f"; {system} reaches {decode[system] / ceiling:.0%} of it"
+        cached = limits.cached_ceiling(precision)
+        if cached is not None:
+            line += f" ({cached:.1f} tok/s at the {limits.cached_gbs:.1f} GB/s weights-sized read"
+            if decode.get(system):
+                line += f": {decode[system] / cached:.0%}"
+            line += ")"
         lines.append(line)
     return lines
 
