@@ -140,6 +140,31 @@ class SchedulerConfig:
             raise ValueError(f"policy: must be 'fcfs' or 'priority', got {self.policy!r}")
 
 
+SPECULATIVE_METHODS = ("ngram",)
+# Verification rows per step (the native integer-dot GEMV's rows): drafts go to decoding
+# requests while the step's single-token rows stay within it, so speculation switches itself
+# off as the batch fills.
+MAX_SPEC_ROWS = 8
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding: a proposer drafts up to `num_speculative_tokens` per step."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    ngram_min: int = 2  # n-gram prompt lookup: suffix lengths tried, longest first
+    ngram_max: int = 5
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method: must be one of {SPECULATIVE_METHODS}")
+        if not 1 <= self.num_speculative_tokens < MAX_SPEC_ROWS:
+            raise ValueError(f"num_speculative_tokens: must be in [1, {MAX_SPEC_ROWS - 1}]")
+        if not 1 <= self.ngram_min <= self.ngram_max <= 64:
+            raise ValueError("ngram_min / ngram_max: need 1 <= min <= max <= 64")
+
+
 def default_num_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
@@ -153,3 +178,4 @@ class EngineConfig:
     device: str = "cpu"
     # Loop cut-off for requests that do not set their own (None: off).
     repetition_detection: RepetitionDetection | None = field(default_factory=RepetitionDetection)
+    speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 
 from tokenmill.config import (
+    SPECULATIVE_METHODS,
     WEIGHT_FORMATS,
     CacheConfig,
     EngineConfig,
     GiB,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     default_num_threads,
 )
 
@@ -121,6 +123,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kv-events-replay-endpoint", default=None, help="ZMQ ROUTER endpoint for event replay"
     )
+    g.add_argument(
+        "--speculative",
+        choices=list(SPECULATIVE_METHODS),
+        default=None,
+        help="speculative decoding: ngram (prompt lookup: drafts copied from earlier in the "
+        "sequence, verified in one step; greedy requests)",
+    )
+    g.add_argument(
+        "--num-speculative-tokens", type=int, default=4, metavar="K", help="drafts per step"
+    )
+    g.add_argument(
+        "--ngram-min", type=int, default=2, metavar="N", help="shortest suffix n-gram looked up"
+    )
+    g.add_argument(
+        "--ngram-max", type=int, default=5, metavar="N", help="longest suffix n-gram looked up"
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -148,6 +166,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         kv_offload_path=args.kv_offload_path,
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
+        speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
+        ngram_min=args.ngram_min,
+        ngram_max=args.ngram_max,
     )
 
 
@@ -179,6 +201,10 @@ def build_engine_config(
     kv_offload_path: str | None = None,
     kv_events_endpoint: str | None = None,
     kv_events_replay_endpoint: str | None = None,
+    speculative: str | None = None,
+    num_speculative_tokens: int = 4,
+    ngram_min: int = 2,
+    ngram_max: int = 5,
 ) -> EngineConfig:
     return EngineConfig(
         model_config=ModelConfig(
@@ -213,4 +239,9 @@ def build_engine_config(
             max_waiting_requests,
         ),
         num_threads=num_threads or default_num_threads(),
+        speculative_config=(
+            SpeculativeConfig(speculative, num_speculative_tokens, ngram_min, ngram_max)
+            if speculative
+            else None
+        ),
     )

@@ -28,6 +28,7 @@ from tokenmill.quant.weights import load_for_plan
 from tokenmill.request import Request, RequestStatus
 from tokenmill.sampling_params import RepetitionDetection
 from tokenmill.scheduler.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tokenmill.spec.proposer import build_proposer
 from tokenmill.structured.closing import char_tokens, token_starts
 from tokenmill.structured.grammar import GrammarCompiler
 from tokenmill.structured.loops import RepetitionDetector
@@ -120,7 +121,11 @@ class EngineCore:
             block_io=self.runner,
             events=self.events,
         )
-        self.scheduler = Scheduler(config.scheduler_config, self.kv_manager, self.max_model_len)
+        spec = config.speculative_config
+        self.proposer = build_proposer(spec) if spec is not None else None
+        self.scheduler = Scheduler(
+            config.scheduler_config, self.kv_manager, self.max_model_len, self.proposer
+        )
         self.num_blocks = num_blocks
         self._grammar_compiler: GrammarCompiler | None = None
         logger.info(
@@ -249,6 +254,18 @@ class EngineCore:
         if self.kv_manager.store is not None:
             stats.kv_tiers = self.kv_manager.store.stats()
         return stats
+
+    def speculative_info(self) -> dict | None:
+        """The active speculator (for /server_info), None when speculation is off."""
+        spec = self.config.speculative_config
+        if spec is None:
+            return None
+        return {
+            "method": spec.method,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "ngram_min": spec.ngram_min,
+            "ngram_max": spec.ngram_max,
+        }
 
     def reset_prefix_cache(self) -> bool:
         ok = self.kv_manager.reset_prefix_cache()

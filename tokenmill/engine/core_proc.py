@@ -53,6 +53,7 @@ class EngineCoreProc:
             "weights": core.config.model_config.weight_format,
             "quant_plan": core.config.model_config.plan.describe(),
             "weights_kld": core.weights_kld,
+            "speculative": core.speculative_info(),
             "pid": os.getpid(),
         }
         self.output.send_multipart([b"READY", pack(info)])

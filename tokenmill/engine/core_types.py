@@ -40,6 +40,46 @@ class EngineCoreOutput:
 
 
 @dataclass
+class SpecDecodeStats:
+    """Speculative decoding counters since start (vLLM's spec_decode_* series)."""
+
+    num_drafts: int = 0  # verification steps of a request with drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # accepted_per_pos[i]: drafts accepted at position i; accepted_lengths[a]: steps with a
+    accepted_per_pos: list[int] = field(default_factory=list)
+    accepted_lengths: list[int] = field(default_factory=list)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        for counts, upto in (
+            (self.accepted_per_pos, drafted),
+            (self.accepted_lengths, drafted + 1),
+        ):
+            if len(counts) < upto:
+                counts.extend([0] * (upto - len(counts)))
+        for i in range(accepted):
+            self.accepted_per_pos[i] += 1
+        self.accepted_lengths[accepted] += 1
+
+    def copy(self) -> SpecDecodeStats:
+        return SpecDecodeStats(
+            self.num_drafts,
+            self.num_draft_tokens,
+            self.num_accepted_tokens,
+            list(self.accepted_per_pos),
+            list(self.accepted_lengths),
+        )
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verification step: accepted drafts + the target's own token."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass
 class SchedulerStats:
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
@@ -51,6 +91,7 @@ class SchedulerStats:
     # per tier ("device"/"host"/"disk"): prefix hit tokens and tier counters
     prefix_cache_hits_by_medium: dict = field(default_factory=dict)
     kv_tiers: dict = field(default_factory=dict)
+    spec_decode: SpecDecodeStats | None = None  # None: speculation off
 
 
 @dataclass

@@ -12,6 +12,7 @@ from tokenmill.engine.core_types import (
     EngineCoreOutputs,
     EngineCoreRequest,
     SchedulerStats,
+    SpecDecodeStats,
 )
 from tokenmill.sampling_params import RepetitionDetection, RequestOutputKind, SamplingParams
 from tokenmill.structured.spec import StructuredOutputsParams
@@ -67,11 +68,17 @@ def decode_request(data: bytes) -> EngineCoreRequest:
     return EngineCoreRequest(rid, ids, _params_from_list(params), arrival, priority, salt)
 
 
+def _stat_to_wire(value: Any) -> Any:
+    if isinstance(value, SpecDecodeStats):
+        return dataclasses.astuple(value)
+    return value
+
+
 def encode_outputs(outs: EngineCoreOutputs) -> bytes:
     return msgpack.packb(
         [
             [[getattr(o, name) for name in _OUTPUT_FIELDS] for o in outs.outputs],
-            [getattr(outs.stats, name) for name in _STATS_FIELDS],
+            [_stat_to_wire(getattr(outs.stats, name)) for name in _STATS_FIELDS],
         ]
     )
 
@@ -85,9 +92,10 @@ def decode_outputs(data: bytes) -> EngineCoreOutputs:
             if kw[key] is not None:
                 kw[key] = [tuple(entry) for entry in kw[key]]
         decoded.append(EngineCoreOutput(**kw))
-    return EngineCoreOutputs(
-        decoded, SchedulerStats(**dict(zip(_STATS_FIELDS, stats, strict=True)))
-    )
+    kw = dict(zip(_STATS_FIELDS, stats, strict=True))
+    if kw.get("spec_decode") is not None:
+        kw["spec_decode"] = SpecDecodeStats(*kw["spec_decode"])
+    return EngineCoreOutputs(decoded, SchedulerStats(**kw))
 
 
 def pack(obj: Any) -> bytes:

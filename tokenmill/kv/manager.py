@@ -183,6 +183,17 @@ class KVCacheManager:
             parent = hashes[first - 1] if first > 0 else None
             self.events.block_stored(MEDIUM_DEVICE, [hashes[i] for i in stored], parent, token_ids)
 
+    def trim(self, request: Request) -> None:
+        """Frees the blocks past the request's computed tokens (after rejected drafts).
+        Those blocks were never full of computed tokens, so never cached."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return
+        keep = cdiv(request.num_computed_tokens, self.block_size)
+        if len(blocks) > keep:
+            self.pool.free(list(reversed(blocks[keep:])))
+            del blocks[keep:]
+
     def free(self, request: Request) -> None:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)

@@ -7,11 +7,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from tokenmill.config import SchedulerConfig
-from tokenmill.engine.core_types import EngineCoreOutput, PositionLogprobs, SchedulerStats
+from tokenmill.config import MAX_SPEC_ROWS, SchedulerConfig
+from tokenmill.engine.core_types import (
+    EngineCoreOutput,
+    PositionLogprobs,
+    SchedulerStats,
+    SpecDecodeStats,
+)
 from tokenmill.kv.manager import KVCacheManager
 from tokenmill.request import Request, RequestStatus
 from tokenmill.scheduler.queue import make_queue
+from tokenmill.spec.proposer import Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +34,9 @@ def closing_reserve(max_tokens: int) -> int:
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int
+    num_new_tokens: int  # with drafts: 1 + len(spec_token_ids)
     block_ids: list[int]
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts verified this step
 
     @property
     def samples(self) -> bool:
@@ -57,9 +64,15 @@ class ModelRunnerOutput:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, kv_manager: KVCacheManager, max_model_len: int
+        self,
+        config: SchedulerConfig,
+        kv_manager: KVCacheManager,
+        max_model_len: int,
+        proposer: Proposer | None = None,
     ) -> None:
         self.config = config
+        self.proposer = proposer
+        self.spec_stats = SpecDecodeStats()
         self.kv = kv_manager
         self.max_model_len = max_model_len
         self.waiting = make_queue(config.policy)
@@ -106,6 +119,12 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: dict[str, ScheduledRequest] = {}
 
+        # Drafts go to decoding requests while the step's decode rows fit MAX_SPEC_ROWS.
+        spec_rows_left = 0
+        if self.proposer is not None:
+            decoding = sum(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
+            spec_rows_left = MAX_SPEC_ROWS - decoding
+
         # 1) Running requests first: decodes and unfinished prefill chunks.
         for request in list(self.running):
             if budget <= 0:
@@ -115,6 +134,15 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if num_new <= 0:
                 continue
+            if num_new == 1 and spec_rows_left > 0:
+                drafts = self._propose(request, min(spec_rows_left, budget - 1))
+                if drafts and self.kv.allocate_slots(request, 1 + len(drafts)):
+                    scheduled[request.request_id] = ScheduledRequest(
+                        request, 1 + len(drafts), [], drafts
+                    )
+                    budget -= 1 + len(drafts)
+                    spec_rows_left -= len(drafts)
+                    continue
             while not self.kv.allocate_slots(request, num_new):
                 victim = self._pick_victim()
                 budget += self._preempt(victim, scheduled)
@@ -158,6 +186,31 @@ class Scheduler:
         out.num_scheduled_tokens = sum(sr.num_new_tokens for sr in out.scheduled)
         return out
 
+    def _propose(self, request: Request, max_drafts: int) -> list[int]:
+        """Drafts for a decoding request that speculation covers: greedy, without the
+        per-token sampling state (penalties, bias, bans, grammar, min_tokens) or logprobs
+        that verification does not model yet; never past max_tokens or max_model_len."""
+        params = request.sampling_params
+        if (
+            not params.greedy
+            or params.uses_penalties
+            or params.logit_bias
+            or params.logprobs is not None
+            or request.grammar is not None
+            or request.banned_next
+            or (request.num_output_tokens < params.min_tokens and request.stop_token_ids)
+        ):
+            return []
+        room = min(
+            max_drafts,
+            request.max_tokens - request.num_output_tokens - 1,
+            self.max_model_len - request.num_tokens,
+        )
+        if room <= 0:
+            return []
+        assert self.proposer is not None
+        return self.proposer.propose(request.all_token_ids, room)
+
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
@@ -184,15 +237,23 @@ class Scheduler:
             request = sr.request
             if request.is_finished:  # aborted while the step ran
                 continue
-            request.num_computed_tokens += sr.num_new_tokens
-            self.kv.cache_full_blocks(request)
             rid = request.request_id
+            sampled = result.sampled_token_ids.get(rid, ())
+            if sr.spec_token_ids:
+                # KV holds the accepted drafts; rejected positions are recomputed later and
+                # their surplus blocks go back to the pool now
+                request.num_computed_tokens += len(sampled)
+                self.kv.trim(request)
+                self.spec_stats.record(len(sr.spec_token_ids), len(sampled) - 1)
+            else:
+                request.num_computed_tokens += sr.num_new_tokens
             new_tokens: list[int] = []
-            for token in result.sampled_token_ids.get(rid, ()):
+            for token in sampled:
                 request.append_output_token(token)
                 new_tokens.append(token)
                 if self._check_stop(request, token):
                     break
+            self.kv.cache_full_blocks(request)  # full blocks of computed (accepted) tokens
             prompt_lps = result.prompt_logprobs.get(rid)
             if not new_tokens and not prompt_lps:
                 continue
@@ -276,4 +337,5 @@ class Scheduler:
             num_repetition_cutoffs=self.num_repetition_cutoffs,
             prefix_cache_queries=self.kv.stats.queries,
             prefix_cache_hits=self.kv.stats.hits,
+            spec_decode=self.spec_stats.copy() if self.proposer is not None else None,
         )

@@ -267,6 +267,7 @@ def build_app(
             "model": engine.model_name,
             "max_model_len": engine.max_model_len,
             "engine": engine.engine_info,
+            "speculative": engine.engine_info.get("speculative"),
             "in_flight": engine.num_in_flight,
             "uptime_s": round(time.time() - state.started, 1),
         }

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from tokenmill.config import MAX_SPEC_ROWS
 from tokenmill.engine.async_llm import RequestTiming
-from tokenmill.engine.core_types import SchedulerStats
+from tokenmill.engine.core_types import SchedulerStats, SpecDecodeStats
 
 _LATENCY_BUCKETS = (
     0.005,
@@ -132,6 +133,35 @@ class ServerMetrics:
             labels,
             registry=r,
         )
+        # speculative decoding (vLLM's spec_decode_* names)
+        self.spec_drafts = Counter(
+            "tokenmill:spec_decode_num_drafts",
+            "Verification steps of a request with drafted tokens",
+            labels,
+            registry=r,
+        )
+        self.spec_draft_tokens = Counter(
+            "tokenmill:spec_decode_num_draft_tokens", "Drafted tokens", labels, registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            "tokenmill:spec_decode_num_accepted_tokens",
+            "Accepted drafted tokens",
+            labels,
+            registry=r,
+        )
+        self.spec_accepted_per_pos = Counter(
+            "tokenmill:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted drafted tokens by draft position (0: first draft)",
+            [*labels, "position"],
+            registry=r,
+        )
+        self.spec_acceptance_length = Histogram(
+            "tokenmill:spec_decode_acceptance_length",
+            "Tokens per verification step (accepted drafts + the target's own token)",
+            labels,
+            buckets=list(range(1, MAX_SPEC_ROWS + 1)),
+            registry=r,
+        )
         tier = [*labels, "medium"]
         self.tier_hits = Counter(
             "tokenmill:kv_tier_hits", "Blocks loaded back from a lower KV tier", tier, registry=r
@@ -223,7 +253,29 @@ class ServerMetrics:
                     counter.labels(m, medium).inc(delta)
             self.tier_load_p50.labels(m, medium).set(tier.get("load_p50_s", 0.0))
             self.tier_store_p50.labels(m, medium).set(tier.get("store_p50_s", 0.0))
+        if stats.spec_decode is not None:
+            self._on_spec_stats(stats.spec_decode)
         self._last = stats
+
+    def _on_spec_stats(self, spec: SpecDecodeStats) -> None:
+        m, before = self.model, self._last.spec_decode or SpecDecodeStats()
+        for counter, now, then in (
+            (self.spec_drafts, spec.num_drafts, before.num_drafts),
+            (self.spec_draft_tokens, spec.num_draft_tokens, before.num_draft_tokens),
+            (self.spec_accepted_tokens, spec.num_accepted_tokens, before.num_accepted_tokens),
+        ):
+            if now > then:
+                counter.labels(m).inc(now - then)
+        for pos, count in enumerate(spec.accepted_per_pos):
+            then = before.accepted_per_pos[pos] if pos < len(before.accepted_per_pos) else 0
+            if count > then:
+                self.spec_accepted_per_pos.labels(m, str(pos)).inc(count - then)
+        for accepted, count in enumerate(spec.accepted_lengths):
+            then = (
+                before.accepted_lengths[accepted] if accepted < len(before.accepted_lengths) else 0
+            )
+            for _ in range(count - then):
+                self.spec_acceptance_length.labels(m).observe(accepted + 1)
 
     def on_tokens(self, timing: RequestTiming, new_tokens: int, now: float) -> None:
         m = self.model

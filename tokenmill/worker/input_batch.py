@@ -23,8 +23,11 @@ class ModelInput:
 def build_model_input(
     scheduled: list[ScheduledRequest], block_size: int, sliding_window: int | None
 ) -> ModelInput:
-    decodes = [sr for sr in scheduled if sr.num_new_tokens == 1]
-    chunks = [sr for sr in scheduled if sr.num_new_tokens > 1]
+    # Single-token queries, and requests verifying drafts: each drafted position is one more
+    # single-token query row of its request (its own sequence length; K/V of all rows are
+    # written before attention), so verification runs on the decode path.
+    decodes = [sr for sr in scheduled if sr.num_new_tokens == 1 or sr.spec_token_ids]
+    chunks = [sr for sr in scheduled if sr.num_new_tokens > 1 and not sr.spec_token_ids]
     ordered = decodes + chunks
 
     token_parts: list[np.ndarray] = []
@@ -33,28 +36,52 @@ def build_model_input(
     query_starts: list[int] = []
 
     # Single-token queries: one gather over a padded block table.
-    nd = len(decodes)
+    nd = sum(sr.num_new_tokens for sr in decodes)
     decode_table = decode_lens = None
     if nd:
-        positions = np.fromiter(
-            (sr.request.num_computed_tokens for sr in decodes), dtype=np.int64, count=nd
+        firsts = np.fromiter(
+            (sr.request.num_computed_tokens for sr in decodes), dtype=np.int64, count=len(decodes)
         )
-        tokens = np.fromiter(
-            (sr.request.all_token_ids[sr.request.num_computed_tokens] for sr in decodes),
-            dtype=np.int64,
-            count=nd,
-        )
+        if nd == len(decodes):  # no drafts this step
+            owner = np.arange(nd)
+            positions = firsts
+            tokens = np.fromiter(
+                (sr.request.all_token_ids[sr.request.num_computed_tokens] for sr in decodes),
+                dtype=np.int64,
+                count=nd,
+            )
+        else:
+            counts = np.fromiter((sr.num_new_tokens for sr in decodes), dtype=np.int64)
+            owner = np.repeat(np.arange(len(decodes)), counts)
+            row_starts = np.cumsum(counts) - counts
+            positions = firsts[owner] + np.arange(nd) - row_starts[owner]
+            tokens = np.fromiter(
+                (
+                    token
+                    for sr in decodes
+                    for token in (
+                        sr.request.all_token_ids[sr.request.num_computed_tokens],
+                        *sr.spec_token_ids,
+                    )
+                ),
+                dtype=np.int64,
+                count=nd,
+            )
         max_blocks = max(len(sr.block_ids) for sr in decodes)
-        table = np.zeros((nd, max_blocks), dtype=np.int64)
+        tables = np.zeros((len(decodes), max_blocks), dtype=np.int64)
         for row, sr in enumerate(decodes):
-            table[row, : len(sr.block_ids)] = sr.block_ids
+            tables[row, : len(sr.block_ids)] = sr.block_ids
+        table = tables[owner] if nd != len(decodes) else tables
         rows = np.arange(nd)
         slots = table[rows, positions // block_size] * block_size + positions % block_size
         token_parts.append(tokens)
         position_parts.append(positions)
         slot_parts.append(slots)
-        query_starts.extend(range(nd))
-        decode_table = torch.from_numpy(table)
+        start = 0
+        for sr in decodes:
+            query_starts.append(start)
+            start += sr.num_new_tokens
+        decode_table = torch.from_numpy(np.ascontiguousarray(table))
         decode_lens = torch.from_numpy(positions + 1)
 
     chunk_meta: list[ChunkAttention] = []

@@ -10,7 +10,8 @@ from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.request import Request
 from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.sampler import LogprobsTensors, Sampler, gather_logprobs
-from tokenmill.scheduler.scheduler import ModelRunnerOutput, SchedulerOutput
+from tokenmill.scheduler.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from tokenmill.spec.verify import accept_greedy
 from tokenmill.worker.input_batch import build_model_input
 
 # Prompt-logprob rows are turned into log-softmax in slices of this many positions.
@@ -66,9 +67,13 @@ class ModelRunner:
 
         sample_rows: list[int] = []
         sample_reqs: list[Request] = []
+        verify: list[tuple[ScheduledRequest, int]] = []
         prompt_lp: dict[str, list[PositionLogprobs]] = {}
         for sr, start in zip(inp.ordered, inp.query_starts, strict=True):
             req = sr.request
+            if sr.spec_token_ids:
+                verify.append((sr, start))
+                continue
             if req.prompt_logprobs_upto < req.num_prompt_tokens - 1:
                 lps = self._prompt_logprobs(hidden[start : start + sr.num_new_tokens], req)
                 if lps:
@@ -79,6 +84,8 @@ class ModelRunner:
 
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[PositionLogprobs]] = {}
+        if verify:
+            sampled.update(self._verify(hidden, verify))
         if sample_reqs:
             logits = self.model.compute_logits(hidden[sample_rows])
             out = self.sampler(logits, SamplingMetadata.from_requests(sample_reqs))
@@ -89,6 +96,23 @@ class ModelRunner:
                 if k is not None and out.logprobs is not None:
                     logprobs[req.request_id] = [_position(out.logprobs, row, k)]
         return ModelRunnerOutput(sampled, logprobs, prompt_lp)
+
+    def _verify(
+        self, hidden: torch.Tensor, verify: list[tuple[ScheduledRequest, int]]
+    ) -> dict[str, list[int]]:
+        """Greedy verification of drafts: the target's argmax at every drafted position (the
+        sampler's greedy choice for these plain requests, from the same logits)."""
+        rows = [start + i for sr, start in verify for i in range(sr.num_new_tokens)]
+        targets = self.model.compute_logits(hidden[rows]).float().max(dim=1).indices.tolist()
+        out: dict[str, list[int]] = {}
+        offset = 0
+        for sr, _ in verify:
+            n = sr.num_new_tokens
+            out[sr.request.request_id] = accept_greedy(
+                sr.spec_token_ids, targets[offset : offset + n]
+            )
+            offset += n
+        return out
 
     def _prompt_logprobs(self, hidden: torch.Tensor, req: Request) -> list[PositionLogprobs]:
         """Logprobs of the prompt tokens that follow each position of this chunk."""
