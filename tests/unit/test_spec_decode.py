@@ -92,11 +92,9 @@ class ScriptedProposer:
         return []
 
 
-@pytest.fixture(scope="module", params=["native-q4_1", "float32"])
-def model_path(request, tiny_llama_dir, tmp_path_factory):
-    """A tiny model as native Q4_1 (the fused decode step) and as float32 weights."""
-    if request.param == "float32":
-        return str(tiny_llama_dir), {"weights": "float32"}
+@pytest.fixture(scope="module")
+def native_path(tmp_path_factory):
+    """A tiny model as native Q4_1 (decode steps on the fused native path)."""
     path = tmp_path_factory.mktemp("spec") / "tiny-Q4_1.gguf"
     source = make_hf_model(
         "llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
@@ -106,17 +104,35 @@ def model_path(request, tiny_llama_dir, tmp_path_factory):
     return str(path), {"weights": "native"}
 
 
+@pytest.fixture(scope="module", params=["native-q4_1", "float32"])
+def model_path(request, tiny_llama_dir, native_path):
+    """The native tiny model, and a float32 one (torch GEMMs, per-layer path)."""
+    return (
+        native_path
+        if request.param == "native-q4_1"
+        else (str(tiny_llama_dir), {"weights": "float32"})
+    )
+
+
 def make_llm(model_path, spec: bool, **extra) -> LLM:
     path, kw = model_path
     spec_kw = {"speculative": "ngram", "num_speculative_tokens": 5} if spec else {}
     return LLM(path, kv_cache_memory_gib=0.1, **kw, **spec_kw, **extra)
 
 
-@pytest.fixture(scope="module")
-def reference(model_path):
-    prompts = repetitive_prompts(12)
+def greedy_alone(model_path, prompts: list[list[int]]):
     plain = make_llm(model_path, False, max_num_seqs=1)
     return prompts, [run_checked(plain, [p])[0] for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def reference(model_path):
+    return greedy_alone(model_path, repetitive_prompts(12))
+
+
+@pytest.fixture(scope="module")
+def native_reference(native_path):
+    return greedy_alone(native_path, repetitive_prompts(12))
 
 
 def scripted(model_path, reference, **extra) -> LLM:
@@ -139,9 +155,10 @@ def test_speculation_is_lossless_alone_and_batched(model_path, reference):
             assert stats.num_accepted_tokens < stats.num_draft_tokens
 
 
-def test_non_speculating_requests_in_the_same_batch_are_unchanged(model_path, reference):
+def test_non_speculating_requests_in_the_same_batch_are_unchanged(native_path, native_reference):
     """Sampled (seeded), logprobs, penalized and min_tokens requests do not speculate;
     batched with speculating ones they give what they give without speculation."""
+    model_path, reference = native_path, native_reference
     prompts = reference[0][:6]
     kinds = [
         GREEDY,
@@ -162,7 +179,8 @@ def test_non_speculating_requests_in_the_same_batch_are_unchanged(model_path, re
     assert spec.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
 
 
-def test_speculation_under_preemption_and_on_prefix_cache_hits(model_path, reference):
+def test_speculation_under_preemption_and_on_prefix_cache_hits(native_path, native_reference):
+    model_path, reference = native_path, native_reference
     prompts, expected = reference
     tight = scripted(model_path, reference, max_num_seqs=4, num_kv_blocks=8)
     assert run_checked(tight, prompts) == expected
@@ -174,7 +192,7 @@ def test_speculation_under_preemption_and_on_prefix_cache_hits(model_path, refer
     assert cached.engine.core.kv_manager.stats.hits > 0
 
 
-def test_ngram_speculation_on_a_copy_task_is_lossless():
+def test_ngram_speculation_on_a_copy_task_is_lossless(embedded_llm):
     """The embedded model asked to repeat a passage: n-gram lookup drafts most tokens."""
     passage = (
         "The committee met on Tuesday to review the annual budget. Members discussed the "
@@ -183,7 +201,7 @@ def test_ngram_speculation_on_a_copy_task_is_lossless():
     )
     messages = [{"role": "user", "content": f"Repeat this passage exactly:\n\n{passage}"}]
     params = SamplingParams(temperature=0, max_tokens=60)
-    plain = LLM(None, kv_cache_memory_gib=0.1).chat(messages, params)[0].outputs[0]
+    plain = embedded_llm.chat(messages, params)[0].outputs[0]
     llm = LLM(None, kv_cache_memory_gib=0.1, speculative="ngram", num_speculative_tokens=5)
     ours = llm.chat(messages, params)[0].outputs[0]
     assert ours.token_ids == plain.token_ids and ours.text == plain.text
