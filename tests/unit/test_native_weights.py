@@ -392,7 +392,11 @@ def test_native_model_in_the_newer_formats_matches_its_file_dequantized(tmp_path
     ]
 
 
-@pytest.mark.parametrize("qtype", list(QTYPES))
+@pytest.mark.parametrize(
+    "qtype",
+    # the default format here; the integer-dot kernel tests above cover every format
+    [pytest.param(q, marks=[] if q == "Q4_1" else [pytest.mark.slow]) for q in QTYPES],
+)
 def test_fused_decode_equals_the_per_layer_path(tmp_path, tiny_source, qtype, monkeypatch):
     """Decode steps run every layer in one native call (fused_decode.py) when every projection
     has the integer-dot GEMV: the same kernels in the same order as the per-layer path."""

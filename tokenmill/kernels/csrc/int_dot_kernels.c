@@ -197,6 +197,27 @@ static void group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int
 
 // ---------------------------------------------------------------- AVX-512 VNNI
 
+// The vector bodies are instantiated per format and per row count (1..8), so the row loops
+// unroll and every row's accumulators stay in registers.
+#define FOR_ROWS(T, M, CALL)      \
+    switch (M) {                  \
+        case 1: CALL(T, 1); break; \
+        case 2: CALL(T, 2); break; \
+        case 3: CALL(T, 3); break; \
+        case 4: CALL(T, 4); break; \
+        case 5: CALL(T, 5); break; \
+        case 6: CALL(T, 6); break; \
+        case 7: CALL(T, 7); break; \
+        default: CALL(T, 8); break; \
+    }
+#define FOR_FORMAT_AND_ROWS(qt, M, CALL)                 \
+    switch (qt) {                                        \
+        case QT_Q4_0: FOR_ROWS(QT_Q4_0, M, CALL); break; \
+        case QT_Q4_1: FOR_ROWS(QT_Q4_1, M, CALL); break; \
+        case QT_Q8_0: FOR_ROWS(QT_Q8_0, M, CALL); break; \
+        default: break;                                  \
+    }
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -222,6 +243,7 @@ ALWAYS_INLINE void group_avx512_t(int qt, const uint8_t* gw, int64_t nb, const I
             }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs)));
+#pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
             __m512i S[3];
             for (int p = 0; p < 3; p++) {
@@ -257,12 +279,9 @@ ALWAYS_INLINE void group_avx512_t(int qt, const uint8_t* gw, int64_t nb, const I
 
 static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                        int64_t K, float out[][GROUP]) {
-    switch (qt) {
-        case QT_Q4_0: group_avx512_t(QT_Q4_0, gw, nb, q, M, K, out); break;
-        case QT_Q4_1: group_avx512_t(QT_Q4_1, gw, nb, q, M, K, out); break;
-        case QT_Q8_0: group_avx512_t(QT_Q8_0, gw, nb, q, M, K, out); break;
-        default: break;
-    }
+#define GROUP_M(T, ROWS) group_avx512_t(T, gw, nb, q, ROWS, K, out)
+    FOR_FORMAT_AND_ROWS(qt, M, GROUP_M)
+#undef GROUP_M
 }
 #elif defined(__AVX2__)
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -302,6 +321,7 @@ ALWAYS_INLINE void half_avx2_t(int qt, const uint8_t* gw, int64_t nb, const IntR
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + qs + 16 * h)));
+#pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
             __m256i S[3];
             for (int p = 0; p < 3; p++) {
@@ -352,12 +372,11 @@ ALWAYS_INLINE void half_avx2_t(int qt, const uint8_t* gw, int64_t nb, const IntR
 
 static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                        int64_t K, float out[][GROUP]) {
-    for (int h = 0; h < 2; h++) switch (qt) {
-            case QT_Q4_0: half_avx2_t(QT_Q4_0, gw, nb, q, M, K, h, out); break;
-            case QT_Q4_1: half_avx2_t(QT_Q4_1, gw, nb, q, M, K, h, out); break;
-            case QT_Q8_0: half_avx2_t(QT_Q8_0, gw, nb, q, M, K, h, out); break;
-            default: break;
-        }
+    for (int h = 0; h < 2; h++) {
+#define HALF_M(T, ROWS) half_avx2_t(T, gw, nb, q, ROWS, K, h, out)
+        FOR_FORMAT_AND_ROWS(qt, M, HALF_M)
+#undef HALF_M
+    }
 }
 #else
 static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
@@ -366,40 +385,47 @@ static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, 
 }
 #endif
 
-// y[m, n] = x[m] . W[n] (+ bias[n]) (+ y[m, n] when accumulating); M <= 8 rows; w repacked.
+// y[m, n] = x[m] . W[n] (+ bias[n]) (+ y[m, n] when accumulating); w repacked. Rows run 8 at
+// a time (decode steps have at most 8).
 void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
                        const float* bias, float* y, int accumulate, int nthreads) {
-    const int64_t nb = K / QK;
-    void* buffer;
-    IntRows q = alloc_rows(M, K, &buffer);
-    quantize_rows(x, M, K, &q);
-    const int64_t gbb = group_block_bytes(qt);
+    const int64_t nb = K / QK, gbb = group_block_bytes(qt);
+    for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
+        const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
+        void* buffer;
+        IntRows q = alloc_rows(rows, K, &buffer);
+        quantize_rows(x + m0 * K, rows, K, &q);
+        float* yb = y + m0 * N;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t g = 0; g < N / GROUP; g++) {
-        float out[MAX_ROWS][GROUP];
-        group_fast(qt, w + g * nb * gbb, nb, &q, M, K, out);
-        for (int64_t m = 0; m < M; m++)
-            for (int r = 0; r < GROUP; r++) {
-                const int64_t n = g * GROUP + r;
-                const float v = out[m][r] + (bias ? bias[n] : 0.0f);
-                y[m * N + n] = accumulate ? y[m * N + n] + v : v;
-            }
+        for (int64_t g = 0; g < N / GROUP; g++) {
+            float out[MAX_ROWS][GROUP];
+            group_fast(qt, w + g * nb * gbb, nb, &q, rows, K, out);
+            for (int64_t m = 0; m < rows; m++)
+                for (int r = 0; r < GROUP; r++) {
+                    const int64_t n = g * GROUP + r;
+                    const float v = out[m][r] + (bias ? bias[n] : 0.0f);
+                    yb[m * N + n] = accumulate ? yb[m * N + n] + v : v;
+                }
+        }
+        free(buffer);
     }
-    free(buffer);
 }
 
 // The plain C implementation whatever the build (tests compare the fast one against it).
 void tm_int_dot_linear_reference(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt,
                                  int64_t N, float* y) {
     const int64_t nb = K / QK;
-    void* buffer;
-    IntRows q = alloc_rows(M, K, &buffer);
-    quantize_rows(x, M, K, &q);
-    for (int64_t g = 0; g < N / GROUP; g++) {
-        float out[MAX_ROWS][GROUP];
-        group_c(qt, w + g * nb * group_block_bytes(qt), nb, &q, M, K, out);
-        for (int64_t m = 0; m < M; m++)
-            for (int r = 0; r < GROUP; r++) y[m * N + g * GROUP + r] = out[m][r];
+    for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
+        const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
+        void* buffer;
+        IntRows q = alloc_rows(rows, K, &buffer);
+        quantize_rows(x + m0 * K, rows, K, &q);
+        for (int64_t g = 0; g < N / GROUP; g++) {
+            float out[MAX_ROWS][GROUP];
+            group_c(qt, w + g * nb * group_block_bytes(qt), nb, &q, rows, K, out);
+            for (int64_t m = 0; m < rows; m++)
+                for (int r = 0; r < GROUP; r++) y[(m0 + m) * N + g * GROUP + r] = out[m][r];
+        }
+        free(buffer);
     }
-    free(buffer);
 }
