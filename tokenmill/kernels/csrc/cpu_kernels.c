@@ -89,8 +89,9 @@ void tm_int8_linear(const int8_t* xq, const float* xs, const int8_t* w, const in
 // Decode attention straight from the paged cache (no gather), one query token per sequence.
 // q: [B, nh, hd]; kv: one layer's cache [2, num_blocks, block_size, nkv, hd];
 // block_table: [B, max_blocks]; seq_lens: [B] (keys 0..len-1 are visible, minus the
-// sliding window when window > 0); out: [B, nh, hd]. One task per sequence reads each
-// token's K/V record (all heads) once, in order.
+// sliding window when window > 0); out: [B, nh, hd]. One task per (sequence, query head), so
+// a single sequence's heads spread over the threads; each task's arithmetic is the same
+// whatever B is.
 void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_blocks,
                                const int64_t* block_table, const int64_t* seq_lens, int64_t B,
                                int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int64_t max_blocks,
@@ -101,55 +102,44 @@ void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_bloc
 #pragma omp parallel num_threads(nthreads)
     {
         int64_t cap = 0;
-        float* scores = NULL;  // [n, nh]
+        float* scores = NULL;  // [n]
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t b = 0; b < B; ++b) {
+        for (int64_t task = 0; task < B * nh; ++task) {
+            const int64_t b = task / nh, h = task % nh;
             const int64_t len = seq_lens[b];
             const int64_t start = (window > 0 && len > window) ? len - window : 0;
             const int64_t n = len - start;
-            if (n * nh > cap) {
+            if (n > cap) {
                 free(scores);
-                cap = n * nh;
+                cap = n;
                 scores = (float*)malloc(sizeof(float) * (size_t)cap);
             }
             const int64_t* bt = block_table + b * max_blocks;
-            const float* qb = q + b * nh * hd;
+            const float* qh = q + (b * nh + h) * hd;
+            const int64_t head_off = (h / G) * hd;
+            float mx = -INFINITY;
             for (int64_t t = start; t < len; ++t) {
-                const float* k = kv + (bt[t / bs] * bs + t % bs) * rec;
-                float* st = scores + (t - start) * nh;
-                for (int64_t h = 0; h < nh; ++h) {
-                    const float* kh = k + (h / G) * hd;
-                    const float* qh = qb + h * hd;
-                    float acc = 0.f;
+                const float* kh = kv + (bt[t / bs] * bs + t % bs) * rec + head_off;
+                float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
-                    for (int64_t d = 0; d < hd; ++d) acc += qh[d] * kh[d];
-                    st[h] = acc * scale;
-                }
+                for (int64_t d = 0; d < hd; ++d) acc += qh[d] * kh[d];
+                scores[t - start] = acc * scale;
+                mx = fmaxf(mx, acc * scale);
             }
-            for (int64_t h = 0; h < nh; ++h) {
-                float mx = -INFINITY;
-                for (int64_t i = 0; i < n; ++i) mx = fmaxf(mx, scores[i * nh + h]);
-                float sum = 0.f;
-                for (int64_t i = 0; i < n; ++i) {
-                    float e = expf(scores[i * nh + h] - mx);
-                    scores[i * nh + h] = e;
-                    sum += e;
-                }
-                float inv = 1.f / sum;
-                for (int64_t i = 0; i < n; ++i) scores[i * nh + h] *= inv;
+            float sum = 0.f;
+            for (int64_t i = 0; i < n; ++i) {
+                const float e = expf(scores[i] - mx);
+                scores[i] = e;
+                sum += e;
             }
-            float* ob = out + b * nh * hd;
-            memset(ob, 0, sizeof(float) * (size_t)(nh * hd));
+            const float inv = 1.f / sum;
+            float* oh = out + (b * nh + h) * hd;
+            memset(oh, 0, sizeof(float) * (size_t)hd);
             for (int64_t t = start; t < len; ++t) {
-                const float* v = vbase + (bt[t / bs] * bs + t % bs) * rec;
-                const float* pt = scores + (t - start) * nh;
-                for (int64_t h = 0; h < nh; ++h) {
-                    const float* vh = v + (h / G) * hd;
-                    const float p = pt[h];
-                    float* oh = ob + h * hd;
+                const float* vh = vbase + (bt[t / bs] * bs + t % bs) * rec + head_off;
+                const float p = scores[t - start] * inv;
 #pragma omp simd
-                    for (int64_t d = 0; d < hd; ++d) oh[d] += p * vh[d];
-                }
+                for (int64_t d = 0; d < hd; ++d) oh[d] += p * vh[d];
             }
         }
         free(scores);
