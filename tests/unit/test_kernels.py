@@ -80,10 +80,11 @@ def test_rope_matches_torch_rotary():
 
 
 @pytest.mark.parametrize("window", [None, 20])
-def test_paged_attention_decode_matches_sdpa(window):
+@pytest.mark.parametrize("hd", [64, 128, 48])  # 48: the portable body
+def test_paged_attention_decode_matches_sdpa(window, hd):
     from tokenmill.model.attention import AttentionMetadata, CPUPagedBackend, TorchSDPABackend
 
-    nh, nkv, hd, bs = 9, 3, 64, 16
+    nh, nkv, bs = 9, 3, 16
     torch.manual_seed(0)
     kv = torch.randn(2, 50, bs * nkv * hd)
     lens = torch.tensor([1, 17, 100, 64])

@@ -5,8 +5,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define TM_VNNI512 1
 #endif
 
@@ -87,6 +89,84 @@ void tm_int8_linear(const int8_t* xq, const float* xs, const int8_t* w, const in
 }
 
 // Decode attention straight from the paged cache (no gather), one query token per sequence.
+// One query head over its visible keys: softmax(q . k * scale) . v into oh. `scores` holds
+// n floats. The portable body, and an AVX-512 one for head sizes 64 and 128 whose query and
+// output rows stay in registers.
+typedef struct {
+    const float* keys;    // layer's K records
+    const float* values;  // layer's V records
+    const int64_t* bt;    // the sequence's block table
+    int64_t bs, rec, head_off, start, len;
+    float scale;
+} HeadKeys;
+
+static inline const float* key_at(const HeadKeys* a, int64_t t) {
+    return a->keys + (a->bt[t / a->bs] * a->bs + t % a->bs) * a->rec + a->head_off;
+}
+
+static inline const float* value_at(const HeadKeys* a, int64_t t) {
+    return a->values + (a->bt[t / a->bs] * a->bs + t % a->bs) * a->rec + a->head_off;
+}
+
+// exp(scores - max) in place; returns 1 / their sum.
+static inline float softmax_weights(float* scores, int64_t n, float mx) {
+    float sum = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float e = expf(scores[i] - mx);
+        scores[i] = e;
+        sum += e;
+    }
+    return 1.f / sum;
+}
+
+static void attend_head(const HeadKeys* a, const float* qh, int64_t hd, float* scores, float* oh) {
+    float mx = -INFINITY;
+    for (int64_t t = a->start; t < a->len; ++t) {
+        const float* kh = key_at(a, t);
+        float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t d = 0; d < hd; ++d) acc += qh[d] * kh[d];
+        scores[t - a->start] = acc * a->scale;
+        mx = fmaxf(mx, acc * a->scale);
+    }
+    const float inv = softmax_weights(scores, a->len - a->start, mx);
+    memset(oh, 0, sizeof(float) * (size_t)hd);
+    for (int64_t t = a->start; t < a->len; ++t) {
+        const float* vh = value_at(a, t);
+        const float p = scores[t - a->start] * inv;
+#pragma omp simd
+        for (int64_t d = 0; d < hd; ++d) oh[d] += p * vh[d];
+    }
+}
+
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void attend_head_avx512(const HeadKeys* a,
+                                                                     const float* qh, int HD,
+                                                                     float* scores, float* oh) {
+    __m512 q[8], o[8];
+    for (int i = 0; i < HD / 16; i++) {
+        q[i] = _mm512_loadu_ps(qh + 16 * i);
+        o[i] = _mm512_setzero_ps();
+    }
+    float mx = -INFINITY;
+    for (int64_t t = a->start; t < a->len; ++t) {
+        const float* kh = key_at(a, t);
+        __m512 acc = _mm512_mul_ps(q[0], _mm512_loadu_ps(kh));
+        for (int i = 1; i < HD / 16; i++) acc = _mm512_fmadd_ps(q[i], _mm512_loadu_ps(kh + 16 * i), acc);
+        const float s = _mm512_reduce_add_ps(acc) * a->scale;
+        scores[t - a->start] = s;
+        mx = fmaxf(mx, s);
+    }
+    const float inv = softmax_weights(scores, a->len - a->start, mx);
+    for (int64_t t = a->start; t < a->len; ++t) {
+        const float* vh = value_at(a, t);
+        const __m512 p = _mm512_set1_ps(scores[t - a->start] * inv);
+        for (int i = 0; i < HD / 16; i++) o[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vh + 16 * i), o[i]);
+    }
+    for (int i = 0; i < HD / 16; i++) _mm512_storeu_ps(oh + 16 * i, o[i]);
+}
+#endif
+
 // q: [B, nh, hd]; kv: one layer's cache [2, num_blocks, block_size, nkv, hd];
 // block_table: [B, max_blocks]; seq_lens: [B] (keys 0..len-1 are visible, minus the
 // sliding window when window > 0); out: [B, nh, hd]. One task per (sequence, query head), so
@@ -108,39 +188,26 @@ void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_bloc
             const int64_t b = task / nh, h = task % nh;
             const int64_t len = seq_lens[b];
             const int64_t start = (window > 0 && len > window) ? len - window : 0;
-            const int64_t n = len - start;
-            if (n > cap) {
+            if (len - start > cap) {
                 free(scores);
-                cap = n;
+                cap = len - start;
                 scores = (float*)malloc(sizeof(float) * (size_t)cap);
             }
-            const int64_t* bt = block_table + b * max_blocks;
+            const HeadKeys a = {kv, vbase, block_table + b * max_blocks, bs, rec, (h / G) * hd,
+                                start, len, scale};
             const float* qh = q + (b * nh + h) * hd;
-            const int64_t head_off = (h / G) * hd;
-            float mx = -INFINITY;
-            for (int64_t t = start; t < len; ++t) {
-                const float* kh = kv + (bt[t / bs] * bs + t % bs) * rec + head_off;
-                float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-                for (int64_t d = 0; d < hd; ++d) acc += qh[d] * kh[d];
-                scores[t - start] = acc * scale;
-                mx = fmaxf(mx, acc * scale);
-            }
-            float sum = 0.f;
-            for (int64_t i = 0; i < n; ++i) {
-                const float e = expf(scores[i] - mx);
-                scores[i] = e;
-                sum += e;
-            }
-            const float inv = 1.f / sum;
             float* oh = out + (b * nh + h) * hd;
-            memset(oh, 0, sizeof(float) * (size_t)hd);
-            for (int64_t t = start; t < len; ++t) {
-                const float* vh = vbase + (bt[t / bs] * bs + t % bs) * rec + head_off;
-                const float p = scores[t - start] * inv;
-#pragma omp simd
-                for (int64_t d = 0; d < hd; ++d) oh[d] += p * vh[d];
+#if defined(__AVX512F__)
+            if (hd == 64) {
+                attend_head_avx512(&a, qh, 64, scores, oh);
+                continue;
             }
+            if (hd == 128) {
+                attend_head_avx512(&a, qh, 128, scores, oh);
+                continue;
+            }
+#endif
+            attend_head(&a, qh, hd, scores, oh);
         }
         free(scores);
     }
