@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -258,14 +259,7 @@ class EngineCore:
     def speculative_info(self) -> dict | None:
         """The active speculator (for /server_info), None when speculation is off."""
         spec = self.config.speculative_config
-        if spec is None:
-            return None
-        return {
-            "method": spec.method,
-            "num_speculative_tokens": spec.num_speculative_tokens,
-            "ngram_min": spec.ngram_min,
-            "ngram_max": spec.ngram_max,
-        }
+        return dataclasses.asdict(spec) if spec is not None else None
 
     def reset_prefix_cache(self) -> bool:
         ok = self.kv_manager.reset_prefix_cache()

@@ -128,21 +128,27 @@ def paged_attention_decode(
     return out
 
 
+def _packed_linear(kernel, x, data, weight, bias, out) -> torch.Tensor:
+    """y = x W^T (+ bias) through a packed-weight GEMV kernel (tm_qlinear's signature);
+    with `out` given, accumulates into it (residual add)."""
+    m, k = x.shape
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(m, weight.rows, dtype=torch.float32)
+    kernel(
+        _p(x), m, k, _p(data), weight.qtype, weight.rows, _p(bias), _p(out), int(accumulate),
+        _threads(),
+    )  # fmt: skip
+    return out
+
+
 def qlinear(
     x: torch.Tensor,  # [M, K] fp32, contiguous
     weight,  # PackedWeight [N, K]
     bias: torch.Tensor | None,
     out: torch.Tensor | None = None,  # given: accumulate into it (residual add)
 ) -> torch.Tensor:
-    m, k = x.shape
-    accumulate = out is not None
-    if out is None:
-        out = torch.empty(m, weight.rows, dtype=torch.float32)
-    load_kernels().tm_qlinear(
-        _p(x), m, k, _p(weight.data), weight.qtype, weight.rows, _p(bias), _p(out),
-        int(accumulate), _threads(),
-    )  # fmt: skip
-    return out
+    return _packed_linear(load_kernels().tm_qlinear, x, weight.data, weight, bias, out)
 
 
 def dequant_matrix(weight, out: torch.Tensor) -> torch.Tensor:
@@ -184,18 +190,10 @@ def int_dot_repack(weight) -> torch.Tensor:
 
 
 def int_dot_linear(
-    x: torch.Tensor,  # [M <= 8, K] fp32, contiguous
+    x: torch.Tensor,  # [M, K] fp32, contiguous
     repacked: torch.Tensor,  # int_dot_repack(weight)
     weight,  # the PackedWeight it came from (format and shape)
     bias: torch.Tensor | None,
     out: torch.Tensor | None = None,  # given: accumulate into it (residual add)
 ) -> torch.Tensor:
-    m, k = x.shape
-    accumulate = out is not None
-    if out is None:
-        out = torch.empty(m, weight.rows, dtype=torch.float32)
-    load_kernels().tm_int_dot_linear(
-        _p(x), m, k, _p(repacked), weight.qtype, weight.rows, _p(bias), _p(out),
-        int(accumulate), _threads(),
-    )  # fmt: skip
-    return out
+    return _packed_linear(load_kernels().tm_int_dot_linear, x, repacked, weight, bias, out)

@@ -17,12 +17,10 @@ import torch
 
 from tokenmill.kernels.build import load_kernels
 from tokenmill.model.attention import AttentionMetadata, CPUPagedBackend
-from tokenmill.model.linear import PackedLinear
+from tokenmill.model.linear import PACKED_GEMV_MAX_ROWS, PackedLinear
 
 if TYPE_CHECKING:
     from tokenmill.model.llama import LlamaForCausalLM
-
-MAX_ROWS = 8  # the integer-dot GEMV's rows per call
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
@@ -81,7 +79,6 @@ class FusedDecoder:
         self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], attn: CPUPagedBackend
     ):
         cfg = model.config
-        self.kv_caches = kv_caches
         self.layers = (DecodeLayer * len(model.layers))()
         for i, (layer, kv) in enumerate(zip(model.layers, kv_caches, strict=True)):
             self.layers[i] = DecodeLayer(
@@ -144,4 +141,4 @@ class FusedDecoder:
 
 def decode_only(meta: AttentionMetadata, num_tokens: int) -> bool:
     """A step of single-token rows only, few enough for the integer-dot GEMV."""
-    return not meta.chunks and meta.num_decode_tokens == num_tokens <= MAX_ROWS
+    return not meta.chunks and meta.num_decode_tokens == num_tokens <= PACKED_GEMV_MAX_ROWS

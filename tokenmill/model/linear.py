@@ -122,7 +122,7 @@ class Int8Linear:
 
 # Up to this many rows the packed kernel dequantizes in registers (decode); above, chunks of
 # rows are dequantized for a BLAS GEMM (measured on 576 x 1536 and 49152 x 576 weights).
-_PACKED_GEMV_MAX_ROWS = 8
+PACKED_GEMV_MAX_ROWS = 8
 # fp32 bytes dequantized at a time for the GEMM path (stays in L2/L3, never a full copy)
 _DEQUANT_CHUNK_BYTES = 4 << 20
 
@@ -158,7 +158,7 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()
-        if x.shape[0] <= _PACKED_GEMV_MAX_ROWS:
+        if x.shape[0] <= PACKED_GEMV_MAX_ROWS:
             if self.int_dot is not None:
                 return ops.int_dot_linear(x, self.int_dot, self.weight, self.bias, residual)
             return ops.qlinear(x, self.weight, self.bias, residual)

@@ -39,49 +39,37 @@ def build_model_input(
     nd = sum(sr.num_new_tokens for sr in decodes)
     decode_table = decode_lens = None
     if nd:
+        counts = np.fromiter((sr.num_new_tokens for sr in decodes), np.int64, len(decodes))
         firsts = np.fromiter(
-            (sr.request.num_computed_tokens for sr in decodes), dtype=np.int64, count=len(decodes)
+            (sr.request.num_computed_tokens for sr in decodes), np.int64, len(decodes)
         )
-        if nd == len(decodes):  # no drafts this step
-            owner = np.arange(nd)
-            positions = firsts
-            tokens = np.fromiter(
-                (sr.request.all_token_ids[sr.request.num_computed_tokens] for sr in decodes),
-                dtype=np.int64,
-                count=nd,
-            )
-        else:
-            counts = np.fromiter((sr.num_new_tokens for sr in decodes), dtype=np.int64)
-            owner = np.repeat(np.arange(len(decodes)), counts)
-            row_starts = np.cumsum(counts) - counts
-            positions = firsts[owner] + np.arange(nd) - row_starts[owner]
-            tokens = np.fromiter(
-                (
-                    token
-                    for sr in decodes
-                    for token in (
-                        sr.request.all_token_ids[sr.request.num_computed_tokens],
-                        *sr.spec_token_ids,
-                    )
-                ),
-                dtype=np.int64,
-                count=nd,
-            )
+        owner = np.repeat(np.arange(len(decodes)), counts)  # each row's request
+        row_starts = np.cumsum(counts) - counts
+        positions = firsts[owner] + np.arange(nd) - row_starts[owner]
+        tokens = np.fromiter(
+            (
+                token
+                for sr in decodes
+                for token in (
+                    sr.request.all_token_ids[sr.request.num_computed_tokens],
+                    *sr.spec_token_ids,
+                )
+            ),
+            dtype=np.int64,
+            count=nd,
+        )
         max_blocks = max(len(sr.block_ids) for sr in decodes)
         tables = np.zeros((len(decodes), max_blocks), dtype=np.int64)
         for row, sr in enumerate(decodes):
             tables[row, : len(sr.block_ids)] = sr.block_ids
-        table = tables[owner] if nd != len(decodes) else tables
+        table = tables[owner]  # a request's table on each of its rows
         rows = np.arange(nd)
         slots = table[rows, positions // block_size] * block_size + positions % block_size
         token_parts.append(tokens)
         position_parts.append(positions)
         slot_parts.append(slots)
-        start = 0
-        for sr in decodes:
-            query_starts.append(start)
-            start += sr.num_new_tokens
-        decode_table = torch.from_numpy(np.ascontiguousarray(table))
+        query_starts.extend(row_starts.tolist())
+        decode_table = torch.from_numpy(table)
         decode_lens = torch.from_numpy(positions + 1)
 
     chunk_meta: list[ChunkAttention] = []

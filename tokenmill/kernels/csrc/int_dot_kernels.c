@@ -31,6 +31,7 @@ enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8 };
 #define MAX_ROWS 8         // activation rows per call
 #define PREFETCH_BYTES 4096  // how far ahead of the weight stream to prefetch (measured)
 #define X_INT_MAX 8355711.0f  // 0x7F7F7F: |x_int| bound whose three balanced bytes fit int8
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 static inline float fp16(const uint8_t* p) {
     _Float16 h;
@@ -219,7 +220,6 @@ static void group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int
     }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 ALWAYS_INLINE void group_avx512_t(int qt, const uint8_t* gw, int64_t nb, const IntRows* q,
                                   int64_t M, int64_t K, float out[][GROUP]) {
@@ -284,7 +284,6 @@ static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, 
 #undef GROUP_M
 }
 #elif defined(__AVX2__)
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 // u8 x s8 dot products of 4-byte groups into int32 lanes: AVX-VNNI where the CPU has it, else
 // pmaddubsw + pmaddwd (exact while a pair of products stays within int16: 4-bit weights, so
@@ -385,10 +384,14 @@ static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, 
 }
 #endif
 
-// y[m, n] = x[m] . W[n] (+ bias[n]) (+ y[m, n] when accumulating); w repacked. Rows run 8 at
-// a time (decode steps have at most 8).
-void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
-                       const float* bias, float* y, int accumulate, int nthreads) {
+typedef void (*GroupFn)(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                        int64_t K, float out[][GROUP]);
+
+// Rows 8 at a time (decode steps have at most 8): quantize them, then every group of 16
+// weight rows with `group`; y[m, n] = x[m] . W[n] (+ bias[n]) (+ y[m, n] when accumulating).
+static void int_dot_rows(GroupFn group, const float* x, int64_t M, int64_t K, const uint8_t* w,
+                         int qt, int64_t N, const float* bias, float* y, int accumulate,
+                         int nthreads) {
     const int64_t nb = K / QK, gbb = group_block_bytes(qt);
     for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
         const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
@@ -399,7 +402,7 @@ void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, i
 #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t g = 0; g < N / GROUP; g++) {
             float out[MAX_ROWS][GROUP];
-            group_fast(qt, w + g * nb * gbb, nb, &q, rows, K, out);
+            group(qt, w + g * nb * gbb, nb, &q, rows, K, out);
             for (int64_t m = 0; m < rows; m++)
                 for (int r = 0; r < GROUP; r++) {
                     const int64_t n = g * GROUP + r;
@@ -411,21 +414,14 @@ void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, i
     }
 }
 
+// y = x W^T (+ bias) (+ y when accumulating); w repacked by tm_int_dot_repack.
+void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
+                       const float* bias, float* y, int accumulate, int nthreads) {
+    int_dot_rows(group_fast, x, M, K, w, qt, N, bias, y, accumulate, nthreads);
+}
+
 // The plain C implementation whatever the build (tests compare the fast one against it).
 void tm_int_dot_linear_reference(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt,
                                  int64_t N, float* y) {
-    const int64_t nb = K / QK;
-    for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
-        const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
-        void* buffer;
-        IntRows q = alloc_rows(rows, K, &buffer);
-        quantize_rows(x + m0 * K, rows, K, &q);
-        for (int64_t g = 0; g < N / GROUP; g++) {
-            float out[MAX_ROWS][GROUP];
-            group_c(qt, w + g * nb * group_block_bytes(qt), nb, &q, rows, K, out);
-            for (int64_t m = 0; m < rows; m++)
-                for (int r = 0; r < GROUP; r++) y[(m0 + m) * N + g * GROUP + r] = out[m][r];
-        }
-        free(buffer);
-    }
+    int_dot_rows(group_c, x, M, K, w, qt, N, NULL, y, 0, 1);
 }
