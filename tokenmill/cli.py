@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.server.cli import add_serve_parser
 
     add_quant_parser(sub)
+    from tokenmill.spec.cli import add_speculator_parser
+
+    add_speculator_parser(sub)
 
     add_serve_parser(sub, add_engine_args)
     try:

@@ -140,7 +140,8 @@ class SchedulerConfig:
             raise ValueError(f"policy: must be 'fcfs' or 'priority', got {self.policy!r}")
 
 
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft_head")
+DRAFT_POLICIES = ("auto", "fixed")
 # Verification rows per step (the native integer-dot GEMV's rows): drafts go to decoding
 # requests while the step's single-token rows stay within it, so speculation switches itself
 # off as the batch fills.
@@ -155,6 +156,10 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     ngram_min: int = 2  # n-gram prompt lookup: suffix lengths tried, longest first
     ngram_max: int = 5
+    # "auto": drafts per request and step sized by measured step times and the request's
+    # recent acceptance (none where they would not pay); "fixed": every draft proposed
+    draft_policy: str = "auto"
+    speculator: str | None = None  # draft head file (method "draft_head")
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -163,6 +168,10 @@ class SpeculativeConfig:
             raise ValueError(f"num_speculative_tokens: must be in [1, {MAX_SPEC_ROWS - 1}]")
         if not 1 <= self.ngram_min <= self.ngram_max <= 64:
             raise ValueError("ngram_min / ngram_max: need 1 <= min <= max <= 64")
+        if (self.method == "draft_head") != (self.speculator is not None):
+            raise ValueError("speculator: a draft head file goes with method draft_head")
+        if self.draft_policy not in DRAFT_POLICIES:
+            raise ValueError(f"draft_policy: must be one of {DRAFT_POLICIES}")
 
 
 def default_num_threads() -> int:
@@ -179,3 +188,6 @@ class EngineConfig:
     # Loop cut-off for requests that do not set their own (None: off).
     repetition_detection: RepetitionDetection | None = field(default_factory=RepetitionDetection)
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
+    # Finished requests written as JSONL here (user data: opt-in), up to this many bytes
+    record_traffic_dir: str | None = None
+    record_traffic_max_bytes: int = 256 << 20

@@ -8,6 +8,7 @@ import time
 import torch
 
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.spec.draft_policy import Acceptance
 
 
 class RequestStatus(enum.IntEnum):
@@ -73,6 +74,8 @@ class Request:
         self.loop_breaks = 0
         # Constrained output heading for its end: sampling prefers tokens that close it.
         self.closing = False
+        self.spec_acceptance = Acceptance()  # recent acceptance of its drafts
+        self.spec_feature: torch.Tensor | None = None  # last hidden state (draft heads)
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator()

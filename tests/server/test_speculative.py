@@ -33,6 +33,8 @@ def test_served_ngram_speculation(tmp_path):
         .outputs[0]
         .text
     )
+    sampled = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=60)
+    expected_sampled = LLM(None, kv_cache_memory_gib=0.1).chat(MESSAGES, sampled)[0].outputs[0].text
     srv = start_server(tmp_path, "--speculative", "ngram", "--num-speculative-tokens", "5")
     try:
         client = OpenAI(base_url=srv.v1, api_key="unused")
@@ -46,6 +48,11 @@ def test_served_ngram_speculation(tmp_path):
         )
         streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         assert streamed == expected
+        # a seeded sampled request draws the same tokens with speculation on and off
+        reply = client.chat.completions.create(
+            model=model, messages=MESSAGES, temperature=0.8, top_p=0.95, seed=11, max_tokens=60
+        )
+        assert reply.choices[0].message.content == expected_sampled
         info = httpx.get(f"{srv.base_url}/server_info").json()
         assert info["speculative"]["method"] == "ngram"
         assert info["speculative"]["num_speculative_tokens"] == 5

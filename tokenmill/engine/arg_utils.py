@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from tokenmill.config import (
+    DRAFT_POLICIES,
     SPECULATIVE_METHODS,
     WEIGHT_FORMATS,
     CacheConfig,
@@ -128,10 +129,39 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         choices=list(SPECULATIVE_METHODS),
         default=None,
         help="speculative decoding: ngram (prompt lookup: drafts copied from earlier in the "
-        "sequence, verified in one step; greedy requests)",
+        "sequence, verified in one step) or draft_head (with --speculator)",
+    )
+    g.add_argument(
+        "--speculator",
+        default=None,
+        metavar="FILE",
+        help="a draft head trained for this model (`tokenmill speculator train`); implies "
+        "--speculative draft_head",
     )
     g.add_argument(
         "--num-speculative-tokens", type=int, default=4, metavar="K", help="drafts per step"
+    )
+    g.add_argument(
+        "--speculative-draft-policy",
+        choices=list(DRAFT_POLICIES),
+        default="auto",
+        help="auto: drafts sized per request and step by measured step times and acceptance "
+        "(none where they would not pay); fixed: every draft the proposer finds",
+    )
+    g.add_argument(
+        "--record-traffic",
+        default=None,
+        metavar="DIR",
+        help="write every completed request's prompt and output (text and token ids) as JSONL "
+        "to DIR, to train a draft head on (`tokenmill speculator train --traces DIR`). This "
+        "stores user data; off by default",
+    )
+    g.add_argument(
+        "--record-traffic-max-mib",
+        type=int,
+        default=256,
+        metavar="MIB",
+        help="stop recording once this much is written",
     )
     g.add_argument(
         "--ngram-min", type=int, default=2, metavar="N", help="shortest suffix n-gram looked up"
@@ -170,6 +200,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         num_speculative_tokens=args.num_speculative_tokens,
         ngram_min=args.ngram_min,
         ngram_max=args.ngram_max,
+        speculative_draft_policy=args.speculative_draft_policy,
+        speculator=args.speculator,
+        record_traffic=args.record_traffic,
+        record_traffic_max_mib=args.record_traffic_max_mib,
     )
 
 
@@ -205,7 +239,15 @@ def build_engine_config(
     num_speculative_tokens: int = 4,
     ngram_min: int = 2,
     ngram_max: int = 5,
+    speculative_draft_policy: str = "auto",
+    speculator: str | None = None,
+    record_traffic: str | None = None,
+    record_traffic_max_mib: int = 256,
 ) -> EngineConfig:
+    if record_traffic_max_mib < 1:
+        raise ValueError("record-traffic-max-mib: must be >= 1")
+    if speculator is not None and speculative is None:
+        speculative = "draft_head"
     return EngineConfig(
         model_config=ModelConfig(
             model=model,
@@ -239,8 +281,17 @@ def build_engine_config(
             max_waiting_requests,
         ),
         num_threads=num_threads or default_num_threads(),
+        record_traffic_dir=record_traffic,
+        record_traffic_max_bytes=record_traffic_max_mib << 20,
         speculative_config=(
-            SpeculativeConfig(speculative, num_speculative_tokens, ngram_min, ngram_max)
+            SpeculativeConfig(
+                speculative,
+                num_speculative_tokens,
+                ngram_min,
+                ngram_max,
+                speculative_draft_policy,
+                speculator,
+            )
             if speculative
             else None
         ),

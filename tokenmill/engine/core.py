@@ -30,6 +30,7 @@ from tokenmill.request import Request, RequestStatus
 from tokenmill.sampling_params import RepetitionDetection
 from tokenmill.scheduler.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 from tokenmill.spec.proposer import build_proposer
+from tokenmill.spec.traffic import TrafficRecorder
 from tokenmill.structured.closing import char_tokens, token_starts
 from tokenmill.structured.grammar import GrammarCompiler
 from tokenmill.structured.loops import RepetitionDetector
@@ -123,10 +124,31 @@ class EngineCore:
             events=self.events,
         )
         spec = config.speculative_config
-        self.proposer = build_proposer(spec) if spec is not None else None
+        self.proposer = build_proposer(spec, self.model) if spec is not None else None
+        self.runner.keep_features = bool(getattr(self.proposer, "needs_features", False))
+        self.recorder: TrafficRecorder | None = None
+        if config.record_traffic_dir is not None:
+            tok = self.tokenizer
+            self.recorder = TrafficRecorder(
+                config.record_traffic_dir,
+                config.record_traffic_max_bytes,
+                lambda ids: tok.decode(ids, skip_special_tokens=False),
+            )
+            logger.warning(
+                "recording traffic (prompts and outputs) to %s", config.record_traffic_dir
+            )
         self.scheduler = Scheduler(
-            config.scheduler_config, self.kv_manager, self.max_model_len, self.proposer
+            config.scheduler_config,
+            self.kv_manager,
+            self.max_model_len,
+            self.proposer,
+            spec.draft_policy if spec is not None else "auto",
         )
+        if self.recorder is not None:
+            recorder = self.recorder
+            self.scheduler.on_finished = lambda r: recorder.record(
+                r.prompt_token_ids, r.output_token_ids, r.finish_reason or ""
+            )
         self.num_blocks = num_blocks
         self._grammar_compiler: GrammarCompiler | None = None
         logger.info(
@@ -269,8 +291,11 @@ class EngineCore:
     def shutdown(self) -> None:
         if self.publisher is not None:
             self.publisher.close()
+        if self.recorder is not None:
+            self.recorder.close()
 
     def _step(self) -> EngineCoreOutputs:
+        start = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return EngineCoreOutputs(stats=self.stats())
@@ -290,6 +315,11 @@ class EngineCore:
                     )
                 )
         outs += self.scheduler.update_from_output(sched, result)
+        if self.proposer is not None and not failures and sched.is_decode_only:
+            # what a verification row costs here, measured (speculation's draft policy)
+            self.scheduler.step_times.observe(
+                sched.num_scheduled_tokens, time.perf_counter() - start
+            )
         return EngineCoreOutputs(outs, self.stats())
 
     def _execute_isolated(

@@ -33,7 +33,14 @@ class SamplingMetadata:
     ]  # constrained rows that should close their output -> output so far
 
     @classmethod
-    def from_requests(cls, requests: list[Request]) -> SamplingMetadata:
+    def from_requests(
+        cls, requests: list[Request], drafted: list[list[int]] | None = None
+    ) -> SamplingMetadata:
+        """One row per entry of `requests`. With `drafted` (speculative verification), row i
+        samples after the request's output plus drafted[i], the drafts before its position:
+        penalties see them and min_tokens counts them; a request may then fill several rows.
+        Tokens banned for the next step apply to a request's row without drafts."""
+        drafted = drafted or [[] for _ in requests]
         params = [r.sampling_params for r in requests]
         temperature = torch.tensor(
             [0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32
@@ -49,17 +56,19 @@ class SamplingMetadata:
                 min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32)
         generators = {i: r.generator for i, r in enumerate(requests) if r.generator is not None}
         presence = frequency = repetition = None
+        outputs: list[list[int]] = []
         if any(p.uses_penalties for p in params):
             presence = torch.tensor([p.presence_penalty for p in params], dtype=torch.float32)
             frequency = torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32)
             repetition = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32)
+            outputs = [r.output_token_ids + d for r, d in zip(requests, drafted, strict=True)]
         blocked = {
             i: sorted(r.stop_token_ids)
-            for i, r in enumerate(requests)
-            if r.num_output_tokens < r.sampling_params.min_tokens and r.stop_token_ids
+            for i, (r, d) in enumerate(zip(requests, drafted, strict=True))
+            if r.num_output_tokens + len(d) < r.sampling_params.min_tokens and r.stop_token_ids
         }
-        for i, r in enumerate(requests):
-            if r.banned_next:
+        for i, (r, d) in enumerate(zip(requests, drafted, strict=True)):
+            if r.banned_next and not d:
                 blocked[i] = blocked.get(i, []) + r.banned_next
                 r.banned_next = []
         bias = {i: p.logit_bias for i, p in enumerate(params) if p.logit_bias}
@@ -74,7 +83,7 @@ class SamplingMetadata:
             presence_penalty=presence,
             frequency_penalty=frequency,
             repetition_penalty=repetition,
-            output_token_ids=[r.output_token_ids for r in requests] if presence is not None else [],
+            output_token_ids=outputs,
             prompt_token_ids=[r.prompt_token_ids for r in requests] if presence is not None else [],
             blocked_tokens=blocked,
             logit_bias=bias,

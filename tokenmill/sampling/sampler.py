@@ -71,13 +71,15 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def inverse_cdf_sample(probs: torch.Tensor) -> torch.Tensor:
+def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row drawn from `probs` (rows need not be normalized): the first token
-    whose cumulative probability exceeds u · total, which always has a probability > 0."""
+    whose cumulative probability exceeds u · total, which always has a probability > 0.
+    `u` ([rows, 1] uniforms in [0, 1)) defaults to fresh draws from the global generator."""
     cdf = probs.cumsum(dim=1)
     total = cdf[:, -1:]
-    u = torch.rand(total.shape, dtype=cdf.dtype) * total
-    sampled = torch.searchsorted(cdf, u, right=True).squeeze(1)
+    if u is None:
+        u = torch.rand(total.shape, dtype=cdf.dtype)
+    sampled = torch.searchsorted(cdf, u.to(cdf.dtype) * total, right=True).squeeze(1)
     # u · total rounds up to total only with probability ~1e-7; take the likeliest token then.
     overflow = sampled >= probs.shape[1]
     if overflow.any():
@@ -172,8 +174,10 @@ class Sampler:
         # Unseeded rows: inverse-CDF draws, one uniform per row (torch's exponential_ over
         # the whole [rows, vocab] grid, the usual race, costs ~1 ms per row on CPU).
         sampled = inverse_cdf_sample(probs)
-        # Seeded rows: one draw from the request's own generator (reproducible whatever else
-        # is in the batch; far cheaper than a generator-driven race over the vocabulary).
+        # Seeded rows: one uniform from the request's own generator per token, in row order
+        # (reproducible whatever else is in the batch, and the same token whether it was
+        # drafted or not: speculative verification draws exactly these).
         for row, gen in meta.generators.items():
-            sampled[row] = torch.multinomial(probs[row], 1, generator=gen)[0]
+            u = torch.rand((1, 1), generator=gen)
+            sampled[row] = inverse_cdf_sample(probs[row : row + 1], u)[0]
         return sampled

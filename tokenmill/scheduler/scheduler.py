@@ -5,6 +5,7 @@ prefill, chunked prefill, decode and recompute after preemption."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tokenmill.config import MAX_SPEC_ROWS, SchedulerConfig
@@ -17,6 +18,7 @@ from tokenmill.engine.core_types import (
 from tokenmill.kv.manager import KVCacheManager
 from tokenmill.request import Request, RequestStatus
 from tokenmill.scheduler.queue import make_queue
+from tokenmill.spec.draft_policy import DraftPolicy, StepTimes
 from tokenmill.spec.proposer import Proposer
 
 logger = logging.getLogger(__name__)
@@ -54,6 +56,11 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    @property
+    def is_decode_only(self) -> bool:
+        """Every request runs one new token (plus its drafts): no prefill in this step."""
+        return all(sr.num_new_tokens == 1 + len(sr.spec_token_ids) for sr in self.scheduled)
+
 
 @dataclass
 class ModelRunnerOutput:
@@ -69,10 +76,14 @@ class Scheduler:
         kv_manager: KVCacheManager,
         max_model_len: int,
         proposer: Proposer | None = None,
+        draft_policy: str = "auto",
     ) -> None:
         self.config = config
         self.proposer = proposer
         self.spec_stats = SpecDecodeStats()
+        self.on_finished: Callable[[Request], None] | None = None  # completed requests
+        self.step_times = StepTimes()  # decode-only step seconds by rows (the engine measures)
+        self.draft_policy = DraftPolicy(self.step_times, draft_policy == "auto")
         self.kv = kv_manager
         self.max_model_len = max_model_len
         self.waiting = make_queue(config.policy)
@@ -124,6 +135,7 @@ class Scheduler:
         if self.proposer is not None:
             decoding = sum(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
             spec_rows_left = MAX_SPEC_ROWS - decoding
+            self.draft_policy.start_step(decoding)
 
         # 1) Running requests first: decodes and unfinished prefill chunks.
         for request in list(self.running):
@@ -187,19 +199,10 @@ class Scheduler:
         return out
 
     def _propose(self, request: Request, max_drafts: int) -> list[int]:
-        """Drafts for a decoding request that speculation covers: greedy, without the
-        per-token sampling state (penalties, bias, bans, grammar, min_tokens) or logprobs
-        that verification does not model yet; never past max_tokens or max_model_len."""
-        params = request.sampling_params
-        if (
-            not params.greedy
-            or params.uses_penalties
-            or params.logit_bias
-            or params.logprobs is not None
-            or request.grammar is not None
-            or request.banned_next
-            or (request.num_output_tokens < params.min_tokens and request.stop_token_ids)
-        ):
+        """Drafts for a decoding request; none for constrained output (its matcher checks
+        one token at a time) or while a loop-breaking ban is pending. Never past max_tokens
+        or max_model_len."""
+        if request.grammar is not None or request.banned_next:
             return []
         room = min(
             max_drafts,
@@ -209,7 +212,16 @@ class Scheduler:
         if room <= 0:
             return []
         assert self.proposer is not None
-        return self.proposer.propose(request.all_token_ids, room)
+        if getattr(self.proposer, "needs_features", False):
+            drafts = self.proposer.propose(
+                request.all_token_ids, room, feature=request.spec_feature
+            )
+        else:
+            drafts = self.proposer.propose(request.all_token_ids, room)
+        rate = request.spec_acceptance.rate
+        k = self.draft_policy.num_drafts(rate, len(drafts))
+        self.draft_policy.commit(rate, k)
+        return drafts[:k]
 
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
@@ -245,6 +257,7 @@ class Scheduler:
                 request.num_computed_tokens += len(sampled)
                 self.kv.trim(request)
                 self.spec_stats.record(len(sr.spec_token_ids), len(sampled) - 1)
+                request.spec_acceptance.record(len(sr.spec_token_ids), len(sampled) - 1)
             else:
                 request.num_computed_tokens += sr.num_new_tokens
             new_tokens: list[int] = []
@@ -274,6 +287,8 @@ class Scheduler:
                 self.running.remove(request)
                 self.kv.free(request)
                 del self.requests[rid]
+                if self.on_finished is not None:
+                    self.on_finished(request)
         return outputs
 
     def _check_stop(self, request: Request, token: int) -> bool:

@@ -12,13 +12,19 @@ class Proposer(Protocol):
     name: str
 
     def propose(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
-        """Up to `max_tokens` drafted continuations of `token_ids` (may be none)."""
+        """Up to `max_tokens` drafted continuations of `token_ids` (may be none). A proposer
+        with `needs_features = True` also gets `feature=`: the target's last hidden state."""
         ...
 
 
-def build_proposer(config: SpeculativeConfig) -> Proposer:
+def build_proposer(config: SpeculativeConfig, model) -> Proposer:
     if config.method == "ngram":
         from tokenmill.spec.ngram import NgramProposer
 
         return NgramProposer(config.ngram_min, config.ngram_max, config.num_speculative_tokens)
+    if config.method == "draft_head":
+        from tokenmill.spec.draft_proposer import DraftHeadProposer
+
+        assert config.speculator is not None
+        return DraftHeadProposer.from_file(config.speculator, model, config.num_speculative_tokens)
     raise ValueError(f"speculative method: unknown {config.method!r}")

@@ -11,7 +11,7 @@ from tokenmill.request import Request
 from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.sampler import LogprobsTensors, Sampler, gather_logprobs
 from tokenmill.scheduler.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from tokenmill.spec.verify import accept_greedy
+from tokenmill.spec.verify import accept_drafts
 from tokenmill.worker.input_batch import build_model_input
 
 # Prompt-logprob rows are turned into log-softmax in slices of this many positions.
@@ -49,6 +49,7 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
         self.sampler = Sampler()
+        self.keep_features = False  # store each request's last hidden state (draft heads)
 
     def read_block(self, block_id: int) -> torch.Tensor:
         """One block's K and V for every layer: [num_layers, 2, block_numel] (a copy)."""
@@ -85,34 +86,56 @@ class ModelRunner:
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[PositionLogprobs]] = {}
         if verify:
-            sampled.update(self._verify(hidden, verify))
+            self._verify(hidden, verify, sampled, logprobs)
         if sample_reqs:
             logits = self.model.compute_logits(hidden[sample_rows])
             out = self.sampler(logits, SamplingMetadata.from_requests(sample_reqs))
             tokens = out.sampled_token_ids.tolist()
             for row, req in enumerate(sample_reqs):
                 sampled[req.request_id] = [tokens[row]]
+                if self.keep_features:
+                    req.spec_feature = hidden[sample_rows[row]].clone()
                 k = req.sampling_params.logprobs
                 if k is not None and out.logprobs is not None:
                     logprobs[req.request_id] = [_position(out.logprobs, row, k)]
         return ModelRunnerOutput(sampled, logprobs, prompt_lp)
 
     def _verify(
-        self, hidden: torch.Tensor, verify: list[tuple[ScheduledRequest, int]]
-    ) -> dict[str, list[int]]:
-        """Greedy verification of drafts: the target's argmax at every drafted position (the
-        sampler's greedy choice for these plain requests, from the same logits)."""
+        self,
+        hidden: torch.Tensor,
+        verify: list[tuple[ScheduledRequest, int]],
+        sampled: dict[str, list[int]],
+        logprobs: dict[str, list[PositionLogprobs]],
+    ) -> None:
+        """Drafts checked against the target's own pick at every drafted position: the
+        sampler runs on each position as if the drafts before it had been sampled (see
+        accept_drafts); logprobs are the target distribution's."""
         rows = [start + i for sr, start in verify for i in range(sr.num_new_tokens)]
-        targets = self.model.compute_logits(hidden[rows]).float().max(dim=1).indices.tolist()
-        out: dict[str, list[int]] = {}
+        requests = [sr.request for sr, _ in verify for _ in range(sr.num_new_tokens)]
+        drafted = [sr.spec_token_ids[:i] for sr, _ in verify for i in range(sr.num_new_tokens)]
+        # a seeded request draws one uniform per position; it keeps those of accepted ones
+        seeded = {sr.request.request_id: sr.request.generator.get_state()
+                  for sr, _ in verify if sr.request.generator is not None}  # fmt: skip
+        logits = self.model.compute_logits(hidden[rows])
+        out = self.sampler(logits, SamplingMetadata.from_requests(requests, drafted))
+        targets = out.sampled_token_ids.tolist()
         offset = 0
         for sr, _ in verify:
-            n = sr.num_new_tokens
-            out[sr.request.request_id] = accept_greedy(
-                sr.spec_token_ids, targets[offset : offset + n]
-            )
+            req, n = sr.request, sr.num_new_tokens
+            tokens = accept_drafts(sr.spec_token_ids, targets[offset : offset + n])
+            sampled[req.request_id] = tokens
+            if self.keep_features:  # the state that produced the last accepted token
+                req.spec_feature = hidden[rows[offset + len(tokens) - 1]].clone()
+            if req.request_id in seeded and not req.sampling_params.greedy:
+                req.generator.set_state(seeded[req.request_id])
+                for _ in tokens:
+                    torch.rand((1, 1), generator=req.generator)
+            k = req.sampling_params.logprobs
+            if k is not None and out.logprobs is not None:
+                logprobs[req.request_id] = [
+                    _position(out.logprobs, offset + i, k) for i in range(len(tokens))
+                ]
             offset += n
-        return out
 
     def _prompt_logprobs(self, hidden: torch.Tensor, req: Request) -> list[PositionLogprobs]:
         """Logprobs of the prompt tokens that follow each position of this chunk."""

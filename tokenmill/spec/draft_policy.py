@@ -1,0 +1,103 @@
+"""How many drafts pay this step: measured decode-step times by row count, and each request's
+recent acceptance.
+
+A verification row is not free (on a CPU it costs a fair part of a whole decode step), so
+drafting k tokens pays only when the tokens it is expected to add outweigh the step time it
+adds. With per-draft acceptance rate a, k drafts yield E(k) = (1 - a^(k+1)) / (1 - a) tokens
+(the accepted run plus the target's own token). The step's expected tokens per second,
+(tokens of the other rows + E(k)) / T(rows + k), picks k; k = 0 switches speculation off for
+the request this step (chat-like traffic, large batches).
+
+T is the engine's own decode-only step time by row count (an exponential moving average);
+a row count not seen yet is extrapolated from the nearest measured one with a prior cost per
+extra row, so the first drafts explore it, and its measurement then decides.
+"""
+
+from __future__ import annotations
+
+from tokenmill.config import MAX_SPEC_ROWS
+
+_SMOOTHING = 0.2  # weight of a new step-time observation
+_PRIOR_ROW_COST = 0.35  # extra row vs a 1-row step, until measured (CPU decode, 2 cores)
+_DECAY = 0.8  # weight of a request's earlier drafts in its acceptance estimate
+_PRIOR_TRIALS, _PRIOR_ACCEPTED = 2.0, 1.4  # a new request: acceptance 0.7, weakly held
+
+
+class StepTimes:
+    """Decode-only step time by number of query rows (1..MAX_SPEC_ROWS)."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float | None] = [None] * (MAX_SPEC_ROWS + 1)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if not 1 <= rows <= MAX_SPEC_ROWS:
+            return
+        old = self.seconds[rows]
+        self.seconds[rows] = seconds if old is None else old + _SMOOTHING * (seconds - old)
+
+    def estimate(self, rows: int) -> float:
+        """Seconds for a step of `rows` rows (relative units before anything is measured)."""
+        rows = min(rows, MAX_SPEC_ROWS)
+        if self.seconds[rows] is not None:
+            return self.seconds[rows]
+        measured = [m for m in range(1, MAX_SPEC_ROWS + 1) if self.seconds[m] is not None]
+        if not measured:
+            return 1.0 + _PRIOR_ROW_COST * (rows - 1)
+        near = min(measured, key=lambda m: abs(m - rows))
+        base = self.seconds[near] / (1.0 + _PRIOR_ROW_COST * (near - 1))  # a 1-row step
+        return base * (1.0 + _PRIOR_ROW_COST * (rows - 1))
+
+
+def expected_tokens(acceptance: float, drafts: int) -> float:
+    """Tokens a step yields for a request with `drafts` drafts (accepted run + 1)."""
+    return sum(acceptance**i for i in range(drafts + 1))
+
+
+class DraftPolicy:
+    """Per step: starts from the decoding rows, then sizes each request's drafts in turn."""
+
+    def __init__(self, times: StepTimes, adaptive: bool = True) -> None:
+        self.times = times
+        self.adaptive = adaptive
+        self.rows = 0
+        self.tokens = 0.0
+
+    def start_step(self, decoding: int) -> None:
+        self.rows = decoding
+        self.tokens = float(decoding)
+
+    def num_drafts(self, acceptance: float, limit: int) -> int:
+        """How many of up to `limit` drafts to verify for a decoding request."""
+        if not self.adaptive or limit <= 0:
+            return max(limit, 0)
+        others = self.tokens - 1.0
+        best, best_rate = 0, self.tokens / self.times.estimate(self.rows)
+        for k in range(1, limit + 1):
+            rate = (others + expected_tokens(acceptance, k)) / self.times.estimate(self.rows + k)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+    def commit(self, acceptance: float, drafts: int) -> None:
+        self.rows += drafts
+        self.tokens += expected_tokens(acceptance, drafts) - 1.0
+
+
+class Acceptance:
+    """A request's recent per-draft acceptance rate (decayed counts with a prior)."""
+
+    __slots__ = ("trials", "accepted")
+
+    def __init__(self) -> None:
+        self.trials = 0.0
+        self.accepted = 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.accepted + _PRIOR_ACCEPTED) / (self.trials + _PRIOR_TRIALS)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """`accepted` of `drafted` passed: accepted successes, then one failure unless all
+        passed (the drafts after a rejection were never tested)."""
+        self.trials = _DECAY * self.trials + accepted + (1 if accepted < drafted else 0)
+        self.accepted = _DECAY * self.accepted + accepted
