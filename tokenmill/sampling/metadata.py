@@ -28,13 +28,19 @@ class SamplingMetadata:
     logit_bias: dict[int, dict[int, float]]
     max_num_logprobs: int | None  # None: no row wants logprobs
     grammars: dict[int, object]  # row -> llguidance matcher (constrained rows)
+    # row -> allowed tokens, computed by the caller (verification: the matcher's state after
+    # the drafts before the row); other constrained rows ask their matcher
+    grammar_masks: dict[int, torch.Tensor]
     closing: dict[
         int, list[int]
     ]  # constrained rows that should close their output -> output so far
 
     @classmethod
     def from_requests(
-        cls, requests: list[Request], drafted: list[list[int]] | None = None
+        cls,
+        requests: list[Request],
+        drafted: list[list[int]] | None = None,
+        grammar_masks: dict[int, torch.Tensor] | None = None,
     ) -> SamplingMetadata:
         """One row per entry of `requests`. With `drafted` (speculative verification), row i
         samples after the request's output plus drafted[i], the drafts before its position:
@@ -89,9 +95,10 @@ class SamplingMetadata:
             logit_bias=bias,
             max_num_logprobs=max(wanted) if wanted else None,
             grammars={i: r.grammar for i, r in enumerate(requests) if r.grammar is not None},
+            grammar_masks=grammar_masks or {},
             closing={
                 i: r.output_token_ids
-                for i, r in enumerate(requests)
-                if r.grammar is not None and r.closing
+                for i, (r, d) in enumerate(zip(requests, drafted, strict=True))
+                if r.grammar is not None and r.closing and not d
             },
         )

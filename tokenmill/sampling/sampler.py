@@ -132,7 +132,14 @@ class Sampler:
 
     def _apply_grammars(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         rows = list(meta.grammars)
-        allowed = allowed_mask(list(meta.grammars.values()), logits.shape[1])
+        ask = [row for row in rows if row not in meta.grammar_masks]
+        allowed = torch.empty(len(rows), logits.shape[1], dtype=torch.bool)
+        if ask:
+            asked = allowed_mask([meta.grammars[row] for row in ask], logits.shape[1])
+            allowed[[rows.index(row) for row in ask]] = asked
+        for r, row in enumerate(rows):
+            if row in meta.grammar_masks:
+                allowed[r] = meta.grammar_masks[row]
         if meta.closing and self.closers is not None:
             # Closing rows: among what the grammar allows, the tokens that finish soonest.
             for row, output in meta.closing.items():

@@ -199,10 +199,10 @@ class Scheduler:
         return out
 
     def _propose(self, request: Request, max_drafts: int) -> list[int]:
-        """Drafts for a decoding request; none for constrained output (its matcher checks
-        one token at a time) or while a loop-breaking ban is pending. Never past max_tokens
-        or max_model_len."""
-        if request.grammar is not None or request.banned_next:
+        """Drafts for a decoding request, cut at the first one its grammar (if any) rejects;
+        none while a loop-breaking ban is pending or constrained output is being closed.
+        Never past max_tokens or max_model_len."""
+        if request.banned_next or (request.grammar is not None and request.closing):
             return []
         room = min(
             max_drafts,
@@ -218,6 +218,8 @@ class Scheduler:
             )
         else:
             drafts = self.proposer.propose(request.all_token_ids, room)
+        if drafts and request.grammar is not None:
+            drafts = drafts[: request.grammar.validate_tokens(drafts)]
         rate = request.spec_acceptance.rate
         k = self.draft_policy.num_drafts(rate, len(drafts))
         self.draft_policy.commit(rate, k)

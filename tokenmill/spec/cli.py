@@ -22,10 +22,14 @@ def add_speculator_parser(sub) -> None:
         "or on the model's own greedy answers to --prompts FILE, with a held-out split.",
     )
     tr.add_argument("--model", default=None, help="model path (default: the embedded model)")
-    src = tr.add_mutually_exclusive_group(required=True)
+    src = tr.add_mutually_exclusive_group()
     src.add_argument("--traces", default=None, metavar="DIR", help="JSONL traces to train on")
     src.add_argument(
-        "--prompts", default=None, metavar="FILE", help="prompts answered by the model itself"
+        "--prompts",
+        default=None,
+        metavar="FILE",
+        help="prompts answered by the model itself (default without --traces: the 320 "
+        "built-in chat prompts, tokenmill/spec/data/self_distill_prompts.txt)",
     )
     tr.add_argument("--out", required=True, metavar="FILE", help="the draft head (.safetensors)")
     tr.add_argument("--max-tokens", type=int, default=256, help="answer length (self-distill)")
@@ -56,7 +60,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         traces = T.read_traces(args.traces)
         log.print(f"{len(traces)} traces from {args.traces}")
     else:
-        prompts = T.read_prompts(args.prompts)
+        prompts = T.read_prompts(args.prompts or T.BUILTIN_PROMPTS)
         log.print(f"self-distillation: answering {len(prompts)} prompts ...")
         traces, dt = T.timed(T.self_distill, llm, prompts, args.max_tokens)
         log.print(f"  {dt:.0f}s")

@@ -31,6 +31,7 @@ from tokenmill.spec.draft_head import DraftHead, TargetReadout, rms
 logger = logging.getLogger(__name__)
 
 MAX_TRACE_BYTES = 1 << 20  # one trace line longer than this is skipped
+BUILTIN_PROMPTS = Path(__file__).parent / "data" / "self_distill_prompts.txt"
 
 
 @dataclass

@@ -12,6 +12,7 @@ from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.sampler import LogprobsTensors, Sampler, gather_logprobs
 from tokenmill.scheduler.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from tokenmill.spec.verify import accept_drafts
+from tokenmill.structured.grammar import allowed_mask
 from tokenmill.worker.input_batch import build_model_input
 
 # Prompt-logprob rows are turned into log-softmax in slices of this many positions.
@@ -117,7 +118,8 @@ class ModelRunner:
         seeded = {sr.request.request_id: sr.request.generator.get_state()
                   for sr, _ in verify if sr.request.generator is not None}  # fmt: skip
         logits = self.model.compute_logits(hidden[rows])
-        out = self.sampler(logits, SamplingMetadata.from_requests(requests, drafted))
+        masks = self._draft_masks(verify, logits.shape[1])
+        out = self.sampler(logits, SamplingMetadata.from_requests(requests, drafted, masks))
         targets = out.sampled_token_ids.tolist()
         offset = 0
         for sr, _ in verify:
@@ -136,6 +138,29 @@ class ModelRunner:
                     _position(out.logprobs, offset + i, k) for i in range(len(tokens))
                 ]
             offset += n
+
+    @staticmethod
+    def _draft_masks(
+        verify: list[tuple[ScheduledRequest, int]], vocab: int
+    ) -> dict[int, torch.Tensor]:
+        """Constrained requests: the tokens their grammar allows at each verified position,
+        the matcher advanced through the drafts before it and rolled back after."""
+        masks: dict[int, torch.Tensor] = {}
+        row = 0
+        for sr, _ in verify:
+            matcher = sr.request.grammar
+            if matcher is not None:
+                consumed = 0
+                for i in range(sr.num_new_tokens):
+                    masks[row + i] = allowed_mask([matcher], vocab)[0]
+                    if i < len(sr.spec_token_ids):
+                        if not matcher.consume_token(sr.spec_token_ids[i]):
+                            raise RuntimeError("a draft the grammar validated was rejected")
+                        consumed += 1
+                if consumed:
+                    matcher.rollback(consumed)
+            row += sr.num_new_tokens
+        return masks
 
     def _prompt_logprobs(self, hidden: torch.Tensor, req: Request) -> list[PositionLogprobs]:
         """Logprobs of the prompt tokens that follow each position of this chunk."""
