@@ -5,6 +5,7 @@ the spec_decode series in /metrics."""
 from __future__ import annotations
 
 import httpx
+import pytest
 from openai import OpenAI
 
 from tests.server.conftest import start_server
@@ -66,3 +67,12 @@ def test_served_ngram_speculation(tmp_path):
         assert metric(text, "tokenmill:spec_decode_acceptance_length_count") == drafts
     finally:
         assert srv.stop() == 0
+
+
+def test_serve_refuses_a_speculator_made_for_another_model(tmp_path):
+    """A draft head file for another model (or not a draft head at all) stops the server at
+    start-up with a clear message, not at the first request."""
+    junk = tmp_path / "head.safetensors"
+    junk.write_bytes(b"\x00" * 64)
+    with pytest.raises(RuntimeError, match="not a tokenmill draft head"):
+        start_server(tmp_path, "--speculator", str(junk))

@@ -181,3 +181,25 @@ def test_recorded_traffic_trains_a_head(tiny_llama_dir, tmp_path, capsys):
     recorder.max_bytes = 2000
     capped.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)
     assert recorder.full and 0 < recorder.written <= 2000
+
+
+def test_a_packed_target_reads_drafts_out_through_its_own_kernel(tmp_path):
+    """On native weights the draft vocabulary's lm_head rows stay packed (the target's own
+    integer-dot GEMV): the same logits as the float rows, to the activation rounding."""
+    from tests.unit.test_model_parity import write_gguf
+
+    path = tmp_path / "tiny-Q4_1.gguf"
+    write_gguf(make_hf_model("llama"), path, "Q4_1")
+    llm = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
+    model = llm.engine.core.model
+    vocab = torch.randperm(model.config.vocab_size)[:64].sort().values
+    readout = target_readout(model, vocab)
+    assert readout.packed_rows is not None
+    head = DraftHead(model.config.hidden_size, 128, vocab)
+    feature = torch.randn(model.config.hidden_size) * 5
+    with torch.inference_mode():
+        packed = head.draft_logits(feature, readout)
+    with torch.no_grad():
+        x = torch.nn.functional.rms_norm(feature, (feature.numel(),), eps=readout.eps)
+        exact = (x * readout.final_norm) @ readout.lm_head_rows.t()
+    assert torch.allclose(packed, exact, atol=1e-3), (packed - exact).abs().max()

@@ -212,6 +212,10 @@ class Scheduler:
         if room <= 0:
             return []
         assert self.proposer is not None
+        rate = request.spec_acceptance.rate
+        room = self.draft_policy.num_drafts(rate, room)  # no drafting where none would pay
+        if room <= 0:
+            return []
         if getattr(self.proposer, "needs_features", False):
             drafts = self.proposer.propose(
                 request.all_token_ids, room, feature=request.spec_feature
@@ -220,7 +224,6 @@ class Scheduler:
             drafts = self.proposer.propose(request.all_token_ids, room)
         if drafts and request.grammar is not None:
             drafts = drafts[: request.grammar.validate_tokens(drafts)]
-        rate = request.spec_acceptance.rate
         k = self.draft_policy.num_drafts(rate, len(drafts))
         self.draft_policy.commit(rate, k)
         return drafts[:k]

@@ -32,6 +32,13 @@ def add_speculator_parser(sub) -> None:
         "built-in chat prompts, tokenmill/spec/data/self_distill_prompts.txt)",
     )
     tr.add_argument("--out", required=True, metavar="FILE", help="the draft head (.safetensors)")
+    tr.add_argument(
+        "--save-traces",
+        default=None,
+        metavar="DIR",
+        help="also write the self-distilled answers there as traces (reuse with --traces)",
+    )
+    tr.add_argument("--noise", type=float, default=0.2, help="feature noise (x RMS) in training")
     tr.add_argument("--max-tokens", type=int, default=256, help="answer length (self-distill)")
     tr.add_argument("--max-len", type=int, default=1024, help="tokens per sequence, at most")
     tr.add_argument("--epochs", type=int, default=4)
@@ -64,6 +71,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         log.print(f"self-distillation: answering {len(prompts)} prompts ...")
         traces, dt = T.timed(T.self_distill, llm, prompts, args.max_tokens)
         log.print(f"  {dt:.0f}s")
+        if args.save_traces:
+            T.write_traces(args.save_traces, traces)
     if len(traces) < 2:
         raise ValueError("need at least 2 traces (some are held out)")
     train_traces, held = T.split(traces, args.held_out, args.seed)
@@ -78,7 +87,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     head = DraftHead(cfg.hidden_size, 2 * cfg.hidden_size, vocab)
     t0 = time.perf_counter()
     T.train(
-        head, readout, data, args.epochs, args.lr, seed=args.seed,
+        head, readout, data, args.epochs, args.lr, noise=args.noise, seed=args.seed,
         progress=lambda e, loss: log.print(f"  epoch {e + 1}/{args.epochs}: loss {loss:.3f}"),
     )  # fmt: skip
     log.print(f"trained in {time.perf_counter() - t0:.0f}s")

@@ -8,43 +8,52 @@ adds. With per-draft acceptance rate a, k drafts yield E(k) = (1 - a^(k+1)) / (1
 (tokens of the other rows + E(k)) / T(rows + k), picks k; k = 0 switches speculation off for
 the request this step (chat-like traffic, large batches).
 
-T is the engine's own decode-only step time by row count (an exponential moving average);
-a row count not seen yet is extrapolated from the nearest measured one with a prior cost per
-extra row, so the first drafts explore it, and its measurement then decides.
+T is the engine's own decode-only step time by row count (the median of the latest steps);
+a row count not measured yet is extrapolated from the nearest measured one with a prior cost
+per extra row, so the first drafts explore it, and its measurement then decides.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 from tokenmill.config import MAX_SPEC_ROWS
 
-_SMOOTHING = 0.2  # weight of a new step-time observation
+_WINDOW = 16  # latest step times kept per row count
+_TRUSTED = 3  # observations before a row count's own median is used
 _PRIOR_ROW_COST = 0.35  # extra row vs a 1-row step, until measured (CPU decode, 2 cores)
 _DECAY = 0.8  # weight of a request's earlier drafts in its acceptance estimate
 _PRIOR_TRIALS, _PRIOR_ACCEPTED = 2.0, 1.4  # a new request: acceptance 0.7, weakly held
 
 
 class StepTimes:
-    """Decode-only step time by number of query rows (1..MAX_SPEC_ROWS)."""
+    """Decode-only step time by number of query rows (1..MAX_SPEC_ROWS): the median of the
+    latest observations, trusted from the third one on (a first step of a new shape can be
+    slow for reasons of its own); until then extrapolated, so the row count gets tried."""
 
     def __init__(self) -> None:
-        self.seconds: list[float | None] = [None] * (MAX_SPEC_ROWS + 1)
+        self.samples: list[deque[float]] = [deque(maxlen=_WINDOW) for _ in range(MAX_SPEC_ROWS + 1)]
 
     def observe(self, rows: int, seconds: float) -> None:
-        if not 1 <= rows <= MAX_SPEC_ROWS:
-            return
-        old = self.seconds[rows]
-        self.seconds[rows] = seconds if old is None else old + _SMOOTHING * (seconds - old)
+        if 1 <= rows <= MAX_SPEC_ROWS:
+            self.samples[rows].append(seconds)
+
+    def measured(self, rows: int) -> float | None:
+        s = self.samples[rows] if 1 <= rows <= MAX_SPEC_ROWS else ()
+        return statistics.median(s) if len(s) >= _TRUSTED else None
 
     def estimate(self, rows: int) -> float:
         """Seconds for a step of `rows` rows (relative units before anything is measured)."""
         rows = min(rows, MAX_SPEC_ROWS)
-        if self.seconds[rows] is not None:
-            return self.seconds[rows]
-        measured = [m for m in range(1, MAX_SPEC_ROWS + 1) if self.seconds[m] is not None]
+        own = self.measured(rows)
+        if own is not None:
+            return own
+        measured = [m for m in range(1, MAX_SPEC_ROWS + 1) if self.measured(m) is not None]
         if not measured:
             return 1.0 + _PRIOR_ROW_COST * (rows - 1)
         near = min(measured, key=lambda m: abs(m - rows))
-        base = self.seconds[near] / (1.0 + _PRIOR_ROW_COST * (near - 1))  # a 1-row step
+        base = self.measured(near) / (1.0 + _PRIOR_ROW_COST * (near - 1))  # a 1-row step
         return base * (1.0 + _PRIOR_ROW_COST * (rows - 1))
 
 

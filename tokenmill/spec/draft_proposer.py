@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from tokenmill.model.linear import PackedLinear
+from tokenmill.model.packed import PackedWeight
 from tokenmill.spec.draft_head import DraftHead, TargetReadout, load_draft_head, target_fingerprint
 
 
@@ -19,8 +21,21 @@ def target_readout(model, draft_vocab: torch.Tensor) -> TargetReadout:
         else:
             rows = model.lm_head(torch.eye(hidden)).float()[:, draft_vocab].t()
     return TargetReadout(
-        model.embed_tokens, model.norm.float(), rows.contiguous(), model.config.rms_norm_eps
+        model.embed_tokens,
+        model.norm.float(),
+        rows.contiguous(),
+        model.config.rms_norm_eps,
+        _packed_rows(model.lm_head, draft_vocab),
     )
+
+
+def _packed_rows(lm_head, draft_vocab: torch.Tensor) -> PackedLinear | None:
+    """The lm_head's draft-vocabulary rows as a packed layer of their own (same kernel)."""
+    w = getattr(lm_head, "weight", None)
+    if not isinstance(lm_head, PackedLinear) or not isinstance(w, PackedWeight):
+        return None
+    rows = PackedWeight(w.qtype, draft_vocab.numel(), w.cols, w.data[draft_vocab].contiguous())
+    return PackedLinear(rows, None)
 
 
 def model_fingerprint(model) -> str:

@@ -77,6 +77,18 @@ def _trace(rec: object) -> Trace | None:
     return None
 
 
+def write_traces(directory: str | Path, traces: list[Trace]) -> Path:
+    """Traces as one JSONL file (what read_traces reads back)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "self-distilled.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        for t in traces:
+            rec = {"messages": t.messages} if t.messages is not None else {"prompt": t.prompt}
+            f.write(json.dumps({**rec, "output": t.output}, ensure_ascii=False) + "\n")
+    return path
+
+
 def read_prompts(path: str | Path) -> list[Trace]:
     """Prompts to self-distill: plain lines, or JSONL records with "prompt" or "messages"."""
     out: list[Trace] = []
@@ -173,10 +185,14 @@ def train(
     lr: float = 2e-3,
     batch_size: int = 256,
     feature_weight: float = 1.0,
+    noise: float = 0.2,
+    weight_decay: float = 0.01,
     seed: int = 0,
     progress=None,
 ) -> list[float]:
-    """AdamW over the examples; returns the mean loss of each epoch."""
+    """AdamW over the examples; returns the mean loss of each epoch. The input features get
+    uniform noise of `noise` times their RMS (as EAGLE does), so the head also learns to
+    continue from its own imperfect predictions and overfits less."""
     torch.manual_seed(seed)
     # tensors made under inference mode (the engine's) cannot take part in autograd
     readout = TargetReadout(
@@ -184,7 +200,7 @@ def train(
     )
     data = Examples(data.features.clone(), data.tokens.clone(), data.next_features.clone())
     index = _draft_index(head.draft_vocab, readout.embed_tokens.shape[0])
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     n = data.features.shape[0]
     steps = epochs * ((n + batch_size - 1) // batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=max(steps, 1))
@@ -197,6 +213,9 @@ def train(
         for start in range(0, n, batch_size):
             b = order[start : start + batch_size]
             f, x = data.features[b], data.tokens[b]
+            if noise:
+                scale = f.pow(2).mean(-1, keepdim=True).sqrt() * noise
+                f = f + (torch.rand_like(f) * 2 - 1) * scale
             emb = readout.embed_tokens
             loss = torch.zeros(())
             for step in range(2):  # the second step continues from the predicted feature
