@@ -24,7 +24,8 @@ Systems
 
 Numbers
     decode tok/s    output tokens after the first / time from the first output token to the
-                    last (prefill excluded), summed over the task's requests
+                    last (prefill excluded), summed over the task's requests; tokenmill's
+                    systems take turns request by request, two rounds
     accept len      mean tokens per verification step (accepted drafts + 1), and accepted /
                     drafted tokens
     batched         32 concurrent chat requests, 128 output tokens each: output tokens / wall
@@ -86,10 +87,12 @@ def tasks(quick: bool) -> dict[str, list[str]]:
         f"Repeat the following text exactly:\n\n{p[1]}",
         f"Rewrite the following text, replacing every 'process' with 'task':\n\n{p[2]}",
     ]
+    # none of these is among the draft head's built-in training prompts
+    # (tokenmill/spec/data/self_distill_prompts.txt): a trained head is measured on new chat
     chat = [
-        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-        "Explain how photosynthesis works to a ten-year-old.",
-        "Give me ten tips for staying focused while working from home.",
+        "Write a short story about a dragon who is afraid of fire.",
+        "Explain how airplanes stay in the air.",
+        "What should I consider before adopting a dog?",
     ]
     return {"copy": copy[:2] if quick else copy, "chat": chat[:2] if quick else chat}
 
@@ -133,24 +136,30 @@ def decode_one(llm: LLM, prompt: str, max_tokens: int) -> tuple[int, float]:
     return max(n - 1, 0), (end - first) if first and end else 0.0
 
 
-def bench_tokenmill(label: str, prompts: dict[str, list[str]], tokens: int, **kw) -> dict:
-    llm = LLM(None, kv_cache_memory_gib=0.5, **kw)
-    llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=8))
-    stats = llm.engine.core.scheduler.spec_stats
-    results = {}
-    for task, items in prompts.items():
-        m = Measured()
-        for prompt in items:
-            d0, a0, t0 = stats.num_drafts, stats.num_accepted_tokens, stats.num_draft_tokens
-            n, s = decode_one(llm, prompt, tokens)
-            m.tokens += n
-            m.seconds += s
-            m.drafts += stats.num_drafts - d0
-            m.accepted += stats.num_accepted_tokens - a0
-            m.drafted += stats.num_draft_tokens - t0
-            m.per_request.append(n / s if s else float("nan"))
-        results[task] = m
-        log.print(f"{label} {task}: {m.tps:.1f} tok/s, accept len {m.accept_len}")
+def bench_tokenmill(configs: dict[str, dict], prompts: dict[str, list[str]], tokens: int,
+                    rounds: int) -> dict[str, dict[str, Measured]]:  # fmt: skip
+    """Every request on every system in turn (this VM's speed drifts over minutes: the
+    systems see the same drift), `rounds` times."""
+    llms = {name: LLM(None, kv_cache_memory_gib=0.5, **kw) for name, kw in configs.items()}
+    results = {name: {task: Measured() for task in prompts} for name in configs}
+    for llm in llms.values():
+        llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=8))
+    for _ in range(rounds):
+        for task, items in prompts.items():
+            for prompt in items:
+                for name, llm in llms.items():
+                    stats = llm.engine.core.scheduler.spec_stats
+                    d0, a0, t0 = stats.num_drafts, stats.num_accepted_tokens, stats.num_draft_tokens
+                    n, s = decode_one(llm, prompt, tokens)
+                    m = results[name][task]
+                    m.tokens += n
+                    m.seconds += s
+                    m.drafts += stats.num_drafts - d0
+                    m.accepted += stats.num_accepted_tokens - a0
+                    m.drafted += stats.num_draft_tokens - t0
+    for name, res in results.items():
+        for task, m in res.items():
+            log.print(f"{name} {task}: {m.tps:.1f} tok/s, accept len {m.accept_len}")
     return results
 
 
@@ -287,22 +296,18 @@ def main() -> None:
     tokens = args.tokens or (96 if args.quick else 256)
     prompts = tasks(args.quick)
     log.print(f"load average before: {os.getloadavg()}")
-    systems = {
-        "tokenmill": bench_tokenmill("tokenmill", prompts, tokens, num_threads=args.threads),
-        "tokenmill ngram auto": bench_tokenmill(
-            "ngram auto", prompts, tokens, num_threads=args.threads, speculative="ngram",
-            num_speculative_tokens=7,
-        ),
-        "tokenmill ngram K=3": bench_tokenmill(
-            "ngram K=3", prompts, tokens, num_threads=args.threads, speculative="ngram",
-            num_speculative_tokens=3, speculative_draft_policy="fixed",
-        ),
+    threads = {"num_threads": args.threads}
+    configs = {
+        "tokenmill": threads,
+        "tokenmill ngram auto": {**threads, "speculative": "ngram", "num_speculative_tokens": 7},
+        "tokenmill ngram K=3": {**threads, "speculative": "ngram", "num_speculative_tokens": 3,
+                                "speculative_draft_policy": "fixed"},
     }  # fmt: skip
     if args.speculator:
-        systems["tokenmill draft head"] = bench_tokenmill(
-            "draft head", prompts, tokens, num_threads=args.threads, speculator=args.speculator,
-            num_speculative_tokens=7,
-        )  # fmt: skip
+        configs["tokenmill draft head"] = {
+            **threads, "speculator": args.speculator, "num_speculative_tokens": 7,
+        }  # fmt: skip
+    systems = bench_tokenmill(configs, prompts, tokens, 1 if args.quick else 2)
     if not args.skip_llama_cpp:
         bin_dir, models = llama_cpp_dirs()
         model = models / f"{MODEL_STEM}.Q4_1.gguf"
