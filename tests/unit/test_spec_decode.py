@@ -197,12 +197,11 @@ def test_every_sampling_option_gives_what_it_gives_without_speculation(native_pa
             if max_num_seqs == 1:  # the same rows on the same kernels: the same bits
                 assert x.outputs[0].token_ids == y.outputs[0].token_ids, kind
                 assert x.outputs[0].logprobs == y.outputs[0].logprobs, kind
-            elif kind.greedy:
+            else:
                 # batched, a decode row beside another request's prefill runs the fp32 GEMM
-                # (not the 16-bit GEMV): logits move by ~1e-3, which can move a sampled
-                # token of this near-uniform tiny model, not a greedy one
+                # (not the integer-dot GEMV): logits move by ~1e-4
                 assert x.outputs[0].token_ids == y.outputs[0].token_ids, kind
-                assert logprob_gap(x.outputs[0].logprobs, y.outputs[0].logprobs) < 2e-2, kind
+                assert logprob_gap(x.outputs[0].logprobs, y.outputs[0].logprobs) < 1e-3, kind
         stats = spec.engine.core.scheduler.spec_stats
         assert stats.num_accepted_tokens > 0 and stats.accepted_lengths[0] > 0
         spec.engine.core.check_invariants()

@@ -128,7 +128,7 @@ _DEQUANT_CHUNK_BYTES = 4 << 20
 
 
 def int_dot_decode(weight: PackedWeight) -> bool:
-    """Decode rows of this weight run the integer-dot GEMV (16-bit activations, VNNI or AVX2):
+    """Decode rows of this weight run the integer-dot GEMV (24-bit activations, VNNI or AVX2):
     Q4_0 / Q4_1 / Q8_0 with rows in groups of 16, on a build with a vector implementation
     (TOKENMILL_INT_DOT=0 keeps the fp32 GEMV)."""
     if os.environ.get("TOKENMILL_INT_DOT", "1") == "0":

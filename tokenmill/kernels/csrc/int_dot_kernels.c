@@ -1,16 +1,14 @@
 // Decode GEMV on Q4_0 / Q4_1 / Q8_0 weights as integer dot products (VNNI), with the
-// activation row rounded to 16-bit integers per 32-value block.
+// activation row rounded to 24-bit integers per 32-value block.
 //
 // The fp32 GEMV (quant_kernels.c) spends ~9 vector instructions per 32 weights on unpacking,
 // converting and multiplying; integer dot products (AVX-512 VNNI vpdpbusd: 64 u8 x s8
 // products per instruction) need a few. The activations must then be integers: each 32-value
-// block of a row is scaled by s = amax / 32639 and rounded to x_int (error <= 1.5e-5 of the
-// block's largest value, well under the 4-bit weights' own rounding; llama.cpp rounds to 8
-// bits here), whose two balanced base-256 digits (int8 each) are two byte planes. Per block and
-// plane the products sum exactly in int32, so the only roundings besides the activation's are
-// a few fp32 operations per block: y = sum_b d_b * (s_b * S_b) (+ m_b * s_b * sum x_int).
-// Two planes instead of three (24 bits) cut the dot products per row by a third: rows beyond
-// the first (batched decode, speculative verification) are bound by them.
+// block of a row is scaled by s = amax / 8355711 and rounded to x_int (error <= 6e-8 of the
+// block's largest value, the order of fp32 rounding; llama.cpp rounds to 8 bits here), whose
+// three balanced base-256 digits (int8 each) are three byte planes. Per block and plane the
+// products sum exactly in int32, so the only roundings besides the activation's are a few
+// fp32 operations per block: y = sum_b d_b * (s_b * S_b) (+ m_b * s_b * sum x_int).
 //
 // Weights are repacked once (tm_int_dot_repack) into groups of 16 rows: each 32-value block
 // of the 16 rows is stored as dwords interleaved across the rows (lane r of a 64-byte vector
@@ -32,8 +30,7 @@ enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8 };
 #define GROUP 16           // weight rows interleaved per group
 #define MAX_ROWS 8         // activation rows per call
 #define PREFETCH_BYTES 4096  // how far ahead of the weight stream to prefetch (measured)
-#define PLANES 2           // balanced base-256 digits (int8 byte planes) per activation value
-#define X_INT_MAX 32639.0f  // 0x7F7F: |x_int| bound whose two balanced bytes fit int8
+#define X_INT_MAX 8355711.0f  // 0x7F7F7F: |x_int| bound whose three balanced bytes fit int8
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 static inline float fp16(const uint8_t* p) {
@@ -96,14 +93,14 @@ void tm_int_dot_repack(const uint8_t* w, int qt, int64_t N, int64_t K, uint8_t* 
 // ---------------------------------------------------------------- activation rows
 
 typedef struct {
-    int8_t* planes;  // [M, PLANES, K]: the high and low bytes of x_int
+    int8_t* planes;  // [M, 3, K]: the high, middle and low bytes of x_int
     float* scale;    // [M, K / 32]
     float* sum;      // [M, K / 32]: scale * sum of x_int
-    int32_t* psum;   // [M, K / 32, PLANES]: sum of each byte plane (the Q8_0 offset correction)
+    int32_t* psum;   // [M, K / 32, 3]: sum of each byte plane (the Q8_0 offset correction)
 } IntRows;
 
 static inline const int8_t* plane(const IntRows* q, int64_t m, int p, int64_t K) {
-    return q->planes + (PLANES * m + p) * K;
+    return q->planes + (3 * m + p) * K;
 }
 
 static void quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q) {
@@ -111,8 +108,9 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q) {
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) {
             const float* xb = x + m * K + b * QK;
-            int8_t* hi = q->planes + PLANES * m * K + b * QK;
-            int8_t* lo = hi + K;
+            int8_t* hi = q->planes + 3 * m * K + b * QK;
+            int8_t* mid = hi + K;
+            int8_t* lo = mid + K;
             float amax = 0.0f, nonfinite = 0.0f;  // NaN when the block holds inf or NaN
             for (int j = 0; j < QK; j++) {
                 amax = fmaxf(amax, fabsf(xb[j]));
@@ -121,42 +119,44 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q) {
             const float inv = amax > 0.0f && nonfinite == 0.0f ? X_INT_MAX / amax : 0.0f;
             const float s = amax / X_INT_MAX + nonfinite;  // a NaN scale: NaN out, as fp32 would
             int64_t total = 0;
-            int32_t sums[PLANES] = {0, 0};
+            int32_t sums[3] = {0, 0, 0};
             for (int j = 0; j < QK; j++) {
                 const float r = fminf(fmaxf(rintf(xb[j] * inv), -X_INT_MAX), X_INT_MAX);
                 const int32_t v = (int32_t)r;
-                // balanced base-256 digits: v = 256 hi + lo, each in [-127, 127]
-                const int32_t l = (int8_t)(uint8_t)(v & 0xFF), h = (v - l) / 256;
+                // balanced base-256 digits: v = 65536 hi + 256 mid + lo, each in [-127, 127]
+                const int32_t l = (int8_t)(uint8_t)(v & 0xFF), v1 = (v - l) / 256;
+                const int32_t md = (int8_t)(uint8_t)(v1 & 0xFF), h = (v1 - md) / 256;
                 hi[j] = (int8_t)h;
+                mid[j] = (int8_t)md;
                 lo[j] = (int8_t)l;
                 sums[0] += h;
-                sums[1] += l;
+                sums[1] += md;
+                sums[2] += l;
                 total += v;
             }
             q->scale[m * nb + b] = s;
             q->sum[m * nb + b] = s * (float)total;
-            memcpy(q->psum + PLANES * (m * nb + b), sums, sizeof sums);
+            memcpy(q->psum + 3 * (m * nb + b), sums, sizeof sums);
         }
 }
 
 static IntRows alloc_rows(int64_t M, int64_t K, void** buffer) {
     const int64_t nb = K / QK;
-    const int64_t plane_bytes = PLANES * M * K;
-    char* p = malloc((size_t)(plane_bytes + sizeof(float) * (2 + PLANES) * M * nb));
+    char* p = malloc((size_t)(3 * M * K + sizeof(float) * 5 * M * nb));
     *buffer = p;
-    float* floats = (float*)(p + plane_bytes);
-    IntRows q = {(int8_t*)p, floats, floats + M * nb, (int32_t*)(floats + 2 * M * nb)};
+    IntRows q = {(int8_t*)p, (float*)(p + 3 * M * K), (float*)(p + 3 * M * K) + M * nb,
+                 (int32_t*)((float*)(p + 3 * M * K) + 2 * M * nb)};
     return q;
 }
 
 // One block's contribution to a row's accumulator from its exact integer dot products by
 // byte plane, with the same fp32 operations in every implementation:
-//   f = float(256 S_hi + S_lo)  (planes of Q8_0 corrected by -128 * plane sum; exact for Q4)
+//   f = fma(S_hi, 65536, 256 S_mid + S_lo)  (planes of Q8_0 corrected by -128 * plane sum)
 //   Q4_1: acc = fma(m, sum, fma(f * s, d, acc)); Q4_0: acc = fma(fma(f, s, -8 sum), d, acc);
 //   Q8_0: acc = fma(f * s, d, acc).
-static inline float block_term_c(int qt, const int32_t S[PLANES], float s, float sum, float d,
+static inline float block_term_c(int qt, const int32_t S[3], float s, float sum, float d,
                                  float mn, float acc) {
-    const float f = (float)(256 * S[0] + S[1]);
+    const float f = fmaf((float)S[0], 65536.0f, (float)(256 * S[1] + S[2]));
     if (qt == QT_Q4_0) return fmaf(fmaf(f, s, -8.0f * sum), d, acc);
     acc = fmaf(f * s, d, acc);
     return qt == QT_Q4_1 ? fmaf(mn, sum, acc) : acc;
@@ -174,7 +174,7 @@ static void group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int
         const uint8_t* blk = gw + b * gbb;
         for (int64_t m = 0; m < M; m++)
             for (int r = 0; r < GROUP; r++) {
-                int32_t S[PLANES] = {0, 0};
+                int32_t S[3] = {0, 0, 0};
                 for (int j = 0; j < 8; j++)
                     for (int t = 0; t < 4; t++) {
                         int w;
@@ -184,10 +184,10 @@ static void group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int
                             const uint8_t byte = blk[((j & 3) * GROUP + r) * 4 + t];
                             w = j < 4 ? byte & 0x0F : byte >> 4;
                         }
-                        for (int p = 0; p < PLANES; p++) S[p] += w * plane(q, m, p, K)[b * QK + 4 * j + t];
+                        for (int p = 0; p < 3; p++) S[p] += w * plane(q, m, p, K)[b * QK + 4 * j + t];
                     }
                 if (qt == QT_Q8_0)
-                    for (int p = 0; p < PLANES; p++) S[p] -= 128 * q->psum[PLANES * (m * nb + b) + p];
+                    for (int p = 0; p < 3; p++) S[p] -= 128 * q->psum[3 * (m * nb + b) + p];
                 const float d = fp16(blk + qs + 2 * r);
                 const float mn = qt == QT_Q4_1 ? fp16(blk + qs + 2 * GROUP + 2 * r) : 0.0f;
                 out[m][r] = block_term_c(qt, S, q->scale[m * nb + b], q->sum[m * nb + b], d, mn,
@@ -245,8 +245,8 @@ ALWAYS_INLINE void group_avx512_t(int qt, const uint8_t* gw, int64_t nb, const I
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs)));
 #pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
-            __m512i S[PLANES];
-            for (int p = 0; p < PLANES; p++) {
+            __m512i S[3];
+            for (int p = 0; p < 3; p++) {
                 const int32_t* xp = (const int32_t*)(plane(q, m, p, K) + b * QK);
                 __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
                 for (int j = 0; j < 8; j += 2) {
@@ -255,9 +255,11 @@ ALWAYS_INLINE void group_avx512_t(int qt, const uint8_t* gw, int64_t nb, const I
                 }
                 S[p] = _mm512_add_epi32(even, odd);
                 if (qt == QT_Q8_0)
-                    S[p] = _mm512_sub_epi32(S[p], _mm512_set1_epi32(128 * q->psum[PLANES * (m * nb + b) + p]));
+                    S[p] = _mm512_sub_epi32(S[p], _mm512_set1_epi32(128 * q->psum[3 * (m * nb + b) + p]));
             }
-            const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(S[0], 8), S[1]));
+            const __m512 f = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(S[0]), _mm512_set1_ps(65536.0f),
+                _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(S[1], 8), S[2])));
             const float s = q->scale[m * nb + b], sum = q->sum[m * nb + b];
             if (qt == QT_Q4_0) {
                 const __m512 g = _mm512_fmadd_ps(f, _mm512_set1_ps(s), _mm512_set1_ps(-8.0f * sum));
@@ -320,8 +322,8 @@ ALWAYS_INLINE void half_avx2_t(int qt, const uint8_t* gw, int64_t nb, const IntR
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + qs + 16 * h)));
 #pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
-            __m256i S[PLANES];
-            for (int p = 0; p < PLANES; p++) {
+            __m256i S[3];
+            for (int p = 0; p < 3; p++) {
                 const int32_t* xp = (const int32_t*)(plane(q, m, p, K) + b * QK);
                 __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
                 for (int j = 0; j < 8; j += 2) {
@@ -345,9 +347,11 @@ ALWAYS_INLINE void half_avx2_t(int qt, const uint8_t* gw, int64_t nb, const IntR
 #endif
                 S[p] = _mm256_add_epi32(even, odd);
                 if (qt == QT_Q8_0)
-                    S[p] = _mm256_sub_epi32(S[p], _mm256_set1_epi32(128 * q->psum[PLANES * (m * nb + b) + p]));
+                    S[p] = _mm256_sub_epi32(S[p], _mm256_set1_epi32(128 * q->psum[3 * (m * nb + b) + p]));
             }
-            const __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(S[0], 8), S[1]));
+            const __m256 f = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(S[0]), _mm256_set1_ps(65536.0f),
+                _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(S[1], 8), S[2])));
             const float s = q->scale[m * nb + b], sum = q->sum[m * nb + b];
             if (qt == QT_Q4_0) {
                 const __m256 g = _mm256_fmadd_ps(f, _mm256_set1_ps(s), _mm256_set1_ps(-8.0f * sum));
