@@ -69,6 +69,7 @@ def test_served_ngram_speculation(tmp_path):
         assert srv.stop() == 0
 
 
+@pytest.mark.slow  # a server start (the offline engine tests the same error)
 def test_serve_refuses_a_speculator_made_for_another_model(tmp_path):
     """A draft head file for another model (or not a draft head at all) stops the server at
     start-up with a clear message, not at the first request."""

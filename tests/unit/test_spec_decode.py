@@ -23,7 +23,13 @@ from tokenmill.engine.serialization import decode_outputs, encode_outputs
 from tokenmill.request import Request
 from tokenmill.sampling.sampler import Sampler
 from tokenmill.scheduler.scheduler import ScheduledRequest
-from tokenmill.spec.draft_policy import Acceptance, DraftPolicy, StepTimes, expected_tokens
+from tokenmill.spec.draft_policy import (
+    Acceptance,
+    DraftPolicy,
+    StepTimes,
+    context_bucket,
+    expected_tokens,
+)
 from tokenmill.spec.ngram import NgramProposer
 from tokenmill.spec.verify import accept_drafts
 from tokenmill.worker.model_runner import ModelRunner
@@ -353,6 +359,13 @@ def test_step_times_are_measured_and_extrapolated_until_measured():
     assert times.estimate(4) == pytest.approx(0.031 / 1.7 * 2.05)  # from the nearest measured
     times.observe(9, 1.0)  # beyond the verification rows: ignored
     assert times.measured(MAX_SPEC_ROWS) is None
+    # another context size is measured on its own (attention grows with the context)
+    assert times.estimate(3, context_tokens=3000) == pytest.approx(1.7)
+    for _ in range(3):
+        times.observe(1, 0.020, context_tokens=3000)
+    assert times.estimate(3, context_tokens=3000) == pytest.approx(0.034)
+    assert times.estimate(3, context_tokens=500) == 0.031
+    assert [context_bucket(n) for n in (0, 1023, 1024, 2047, 2048, 10**9)] == [0, 0, 1, 1, 2, 7]
 
 
 def test_the_draft_policy_drafts_only_where_it_pays():
@@ -404,7 +417,7 @@ def test_the_auto_policy_stops_drafting_for_a_request_whose_drafts_fail(
     for rows in range(1, MAX_SPEC_ROWS + 1):
         for _ in range(3):
             sched.step_times.observe(rows, 0.004 * (1 + 0.45 * (rows - 1)))
-    sched.step_times.observe = lambda rows, seconds: None  # keep the costs above
+    sched.step_times.observe = lambda *_: None  # keep the costs above
     assert run_checked(llm, prompts[:1]) == expected[:1]
     stats = sched.spec_stats
     assert 0 < stats.num_drafts <= 5 and stats.num_accepted_tokens == 0

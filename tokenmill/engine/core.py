@@ -317,8 +317,9 @@ class EngineCore:
         outs += self.scheduler.update_from_output(sched, result)
         if self.proposer is not None and not failures and sched.is_decode_only:
             # what a verification row costs here, measured (speculation's draft policy)
+            context = sum(sr.request.num_computed_tokens for sr in sched.scheduled)
             self.scheduler.step_times.observe(
-                sched.num_scheduled_tokens, time.perf_counter() - start
+                sched.num_scheduled_tokens, time.perf_counter() - start, context
             )
         return EngineCoreOutputs(outs, self.stats())
 

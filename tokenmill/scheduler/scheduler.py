@@ -135,7 +135,10 @@ class Scheduler:
         if self.proposer is not None:
             decoding = sum(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
             spec_rows_left = MAX_SPEC_ROWS - decoding
-            self.draft_policy.start_step(decoding)
+            context = sum(
+                r.num_tokens for r in self.running if r.num_tokens - r.num_computed_tokens == 1
+            )
+            self.draft_policy.start_step(decoding, context)
 
         # 1) Running requests first: decodes and unfinished prefill chunks.
         for request in list(self.running):

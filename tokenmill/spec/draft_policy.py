@@ -8,9 +8,10 @@ adds. With per-draft acceptance rate a, k drafts yield E(k) = (1 - a^(k+1)) / (1
 (tokens of the other rows + E(k)) / T(rows + k), picks k; k = 0 switches speculation off for
 the request this step (chat-like traffic, large batches).
 
-T is the engine's own decode-only step time by row count (the median of the latest steps);
-a row count not measured yet is extrapolated from the nearest measured one with a prior cost
-per extra row, so the first drafts explore it, and its measurement then decides.
+T is the engine's own decode-only step time by row count and context size (the median of the
+latest steps); a row count not measured yet is extrapolated from the nearest measured one of
+the same context size with a prior cost per extra row, so the first drafts explore it, and
+its measurement then decides.
 """
 
 from __future__ import annotations
@@ -27,34 +28,44 @@ _DECAY = 0.8  # weight of a request's earlier drafts in its acceptance estimate
 _PRIOR_TRIALS, _PRIOR_ACCEPTED = 2.0, 1.4  # a new request: acceptance 0.7, weakly held
 
 
+def context_bucket(context_tokens: int) -> int:
+    """Steps are compared within a context size (attention grows with it): 0-1023 tokens of
+    the decoding requests together, 1024-2047, 2048-4095, ... (at most 8 buckets)."""
+    return min(max(context_tokens, 1).bit_length() - 10, 7) if context_tokens >= 1024 else 0
+
+
 class StepTimes:
-    """Decode-only step time by number of query rows (1..MAX_SPEC_ROWS): the median of the
-    latest observations, trusted from the third one on (a first step of a new shape can be
-    slow for reasons of its own); until then extrapolated, so the row count gets tried."""
+    """Decode-only step time by context bucket and number of query rows (1..MAX_SPEC_ROWS):
+    the median of the latest observations, trusted from the third one on (a first step of a
+    new shape can be slow for reasons of its own); until then extrapolated from the nearest
+    measured row count of the same bucket, so the row count gets tried."""
 
     def __init__(self) -> None:
-        self.samples: list[deque[float]] = [deque(maxlen=_WINDOW) for _ in range(MAX_SPEC_ROWS + 1)]
+        self.samples: dict[tuple[int, int], deque[float]] = {}
 
-    def observe(self, rows: int, seconds: float) -> None:
+    def observe(self, rows: int, seconds: float, context_tokens: int = 0) -> None:
         if 1 <= rows <= MAX_SPEC_ROWS:
-            self.samples[rows].append(seconds)
+            key = (context_bucket(context_tokens), rows)
+            self.samples.setdefault(key, deque(maxlen=_WINDOW)).append(seconds)
 
-    def measured(self, rows: int) -> float | None:
-        s = self.samples[rows] if 1 <= rows <= MAX_SPEC_ROWS else ()
+    def measured(self, rows: int, context_tokens: int = 0) -> float | None:
+        s = self.samples.get((context_bucket(context_tokens), rows), ())
         return statistics.median(s) if len(s) >= _TRUSTED else None
 
-    def estimate(self, rows: int) -> float:
+    def estimate(self, rows: int, context_tokens: int = 0) -> float:
         """Seconds for a step of `rows` rows (relative units before anything is measured)."""
         rows = min(rows, MAX_SPEC_ROWS)
-        own = self.measured(rows)
+        own = self.measured(rows, context_tokens)
         if own is not None:
             return own
-        measured = [m for m in range(1, MAX_SPEC_ROWS + 1) if self.measured(m) is not None]
+        measured = [
+            m for m in range(1, MAX_SPEC_ROWS + 1) if self.measured(m, context_tokens) is not None
+        ]
         if not measured:
             return 1.0 + _PRIOR_ROW_COST * (rows - 1)
         near = min(measured, key=lambda m: abs(m - rows))
-        base = self.measured(near) / (1.0 + _PRIOR_ROW_COST * (near - 1))  # a 1-row step
-        return base * (1.0 + _PRIOR_ROW_COST * (rows - 1))
+        one_row = self.measured(near, context_tokens) / (1.0 + _PRIOR_ROW_COST * (near - 1))
+        return one_row * (1.0 + _PRIOR_ROW_COST * (rows - 1))
 
 
 def expected_tokens(acceptance: float, drafts: int) -> float:
@@ -70,19 +81,22 @@ class DraftPolicy:
         self.adaptive = adaptive
         self.rows = 0
         self.tokens = 0.0
+        self.context = 0
 
-    def start_step(self, decoding: int) -> None:
+    def start_step(self, decoding: int, context_tokens: int = 0) -> None:
         self.rows = decoding
         self.tokens = float(decoding)
+        self.context = context_tokens
 
     def num_drafts(self, acceptance: float, limit: int) -> int:
         """How many of up to `limit` drafts to verify for a decoding request."""
         if not self.adaptive or limit <= 0:
             return max(limit, 0)
         others = self.tokens - 1.0
-        best, best_rate = 0, self.tokens / self.times.estimate(self.rows)
+        t = self.times.estimate
+        best, best_rate = 0, self.tokens / t(self.rows, self.context)
         for k in range(1, limit + 1):
-            rate = (others + expected_tokens(acceptance, k)) / self.times.estimate(self.rows + k)
+            rate = (others + expected_tokens(acceptance, k)) / t(self.rows + k, self.context)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
