@@ -358,6 +358,7 @@ def write_mixed_gguf(model, path, formats: dict[str, str]) -> None:
         write_gguf(model, path, "F32")  # every 2-D tensor goes through Writer.add_tensor
 
 
+@pytest.mark.slow  # the kernel tests above cover each of these formats
 def test_native_model_in_the_newer_formats_matches_its_file_dequantized(tmp_path):
     from gguf import GGUFReader
 

@@ -119,7 +119,10 @@ def native_path(tmp_path_factory):
     return str(path), {"weights": "native"}
 
 
-@pytest.fixture(scope="module", params=["native-q4_1", "float32"])
+# float32 (the torch per-layer path) in the slow suite: the default keeps the native path
+@pytest.fixture(
+    scope="module", params=["native-q4_1", pytest.param("float32", marks=pytest.mark.slow)]
+)
 def model_path(request, tiny_llama_dir, native_path):
     """The native tiny model, and a float32 one (torch GEMMs, per-layer path)."""
     return (
