@@ -133,12 +133,9 @@ class Scheduler:
         # Drafts go to decoding requests while the step's decode rows fit MAX_SPEC_ROWS.
         spec_rows_left = 0
         if self.proposer is not None:
-            decoding = sum(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
-            spec_rows_left = MAX_SPEC_ROWS - decoding
-            context = sum(
-                r.num_tokens for r in self.running if r.num_tokens - r.num_computed_tokens == 1
-            )
-            self.draft_policy.start_step(decoding, context)
+            decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+            spec_rows_left = MAX_SPEC_ROWS - len(decoding)
+            self.draft_policy.start_step(len(decoding), sum(r.num_tokens for r in decoding))
 
         # 1) Running requests first: decodes and unfinished prefill chunks.
         for request in list(self.running):
