@@ -142,7 +142,11 @@ def load_draft_head(
         raise ValueError(f"{path}: bad draft_vocab")
     if int(vocab.min()) < 0 or int(vocab.max()) >= vocab_size:
         raise ValueError(f"{path}: draft_vocab holds ids outside the vocabulary")
-    head = DraftHead(hidden_size, int(meta["intermediate_size"]), vocab)
+    gate = tensors.get("gate.weight")
+    if gate is None or gate.dim() != 2 or gate.shape[1] != hidden_size:
+        raise ValueError(f"{path}: tensors do not match the draft head (gate.weight)")
+    # the width comes from the tensor itself: nothing is allocated from metadata alone
+    head = DraftHead(hidden_size, gate.shape[0], vocab)
     try:
         head.load_state_dict(tensors)
     except RuntimeError as e:
