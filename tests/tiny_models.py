@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from tokenmill.model.embedded import embedded_model_path
-from tokenmill.model.loader import gguf_metadata
+from tokenmill.model.gguf_file import GGUFFile
 from tokenmill.model.tokenizer import tokenizer_from_gguf
 
 _TOKENIZER_CACHE: dict[str, object] = {}
@@ -15,9 +15,7 @@ _TOKENIZER_CACHE: dict[str, object] = {}
 
 def embedded_tokenizer():
     if "tok" not in _TOKENIZER_CACHE:
-        from gguf import GGUFReader
-
-        meta = gguf_metadata(GGUFReader(str(embedded_model_path())))
+        meta = GGUFFile(embedded_model_path()).metadata
         _TOKENIZER_CACHE["meta"] = meta
         _TOKENIZER_CACHE["tok"] = tokenizer_from_gguf(meta)
     return _TOKENIZER_CACHE["tok"]

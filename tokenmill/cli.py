@@ -155,10 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tokenmill.engine.startup import StartupProfile
+
+    profile = StartupProfile("api")  # from the moment the process was created
+    profile.mark("interpreter")
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    args.startup_profile = profile
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError) as e:

@@ -191,3 +191,5 @@ class EngineConfig:
     # Finished requests written as JSONL here (user data: opt-in), up to this many bytes
     record_traffic_dir: str | None = None
     record_traffic_max_bytes: int = 256 << 20
+    # one short request through the model before serving (first-call costs paid up front)
+    warm_up: bool = True

@@ -115,6 +115,9 @@ def test_dequantization_is_exact(kernels, qtype):
     assert torch.allclose(out, ref, rtol=2e-7, atol=1e-9)
     if qtype in MORE_QTYPES:  # separate multiplies and adds, as gguf's: bit for bit
         assert torch.equal(out, ref)
+    transposed = torch.empty(cols, 40)  # 40 rows: two full tiles of 16 and a partial one
+    kernels.tm_dequant_matrix_t(w.data.data_ptr(), w.qtype, 40, cols, transposed.data_ptr(), 2)
+    assert torch.equal(transposed, out.t())
     ids = torch.tensor([5, 0, 39, 5], dtype=torch.int64)
     rows = torch.empty(4, cols)
     kernels.tm_dequant_rows(w.data.data_ptr(), w.qtype, cols, ids.data_ptr(), 4, rows.data_ptr(), 2)

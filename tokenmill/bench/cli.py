@@ -8,13 +8,11 @@ import datetime as dt
 import secrets
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tokenmill.bench.config import SLO, LoadSpec, Target
-from tokenmill.bench.execute import RunOptions
-from tokenmill.bench.lengths import LengthDist
-from tokenmill.bench.plan import Plan, SweepSpec, fixed_plan, sweep_plan
-from tokenmill.bench.session import Source
-from tokenmill.bench.workloads import WorkloadSpec
+if TYPE_CHECKING:  # the harness is imported when `bench` runs, not to build the CLI
+    from tokenmill.bench.plan import Plan
+    from tokenmill.bench.session import Source
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -126,6 +124,11 @@ def _rows_in(path: str | None) -> int:
 
 
 def build_plan(args: argparse.Namespace) -> Plan:
+    from tokenmill.bench.config import LoadSpec
+    from tokenmill.bench.lengths import LengthDist
+    from tokenmill.bench.plan import SweepSpec, fixed_plan, sweep_plan
+    from tokenmill.bench.workloads import WorkloadSpec
+
     if args.workload == "shared-prefix":
         default_n = args.num_groups * args.prompts_per_group
     elif args.workload in ("jsonl", "trace"):
@@ -166,6 +169,9 @@ def build_plan(args: argparse.Namespace) -> Plan:
 
 
 def build_sources(args: argparse.Namespace, plan: Plan) -> tuple[list[Source], str | None]:
+    from tokenmill.bench.config import Target
+    from tokenmill.bench.session import Source
+
     common = dict(
         endpoint=args.endpoint,
         api_key=args.api_key,
@@ -196,6 +202,8 @@ def build_sources(args: argparse.Namespace, plan: Plan) -> tuple[list[Source], s
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from tokenmill.bench.config import SLO
+    from tokenmill.bench.execute import RunOptions
     from tokenmill.bench.report.write import write_report
     from tokenmill.bench.session import run_session
 

@@ -22,7 +22,8 @@ from tokenmill.engine.core_client import EngineCoreClient, EngineDeadError
 from tokenmill.engine.core_types import EngineCoreOutputs, SchedulerStats
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.processor import InputProcessor
-from tokenmill.model.loader import load_model_files
+from tokenmill.engine.startup import StartupProfile
+from tokenmill.model.model_files import read_model_info
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
@@ -115,6 +116,16 @@ class OutputStream:
             self._engine.abort(rid)
 
 
+def warm_up_front_end(tokenizer, chat_template) -> None:
+    """Compiles the chat template and runs the tokenizer once, so the first request does
+    not pay for it."""
+    from tokenmill.inputs.chat import render_chat
+
+    with contextlib.suppress(ValueError):  # a template that wants more than this
+        _, ids = render_chat(chat_template, tokenizer, [{"role": "user", "content": "Hello"}])
+        tokenizer.decode(ids)
+
+
 class AsyncLLM:
     def __init__(
         self,
@@ -122,16 +133,24 @@ class AsyncLLM:
         observer: StatsObserver | None = None,
         max_queue_len: int | None = None,
         log_level: str = "INFO",
+        client: EngineCoreClient | None = None,
+        profile: StartupProfile | None = None,
     ) -> None:
+        """`client`: an engine core started earlier (the server starts it first thing, so
+        that it loads the model while this process imports and reads the tokenizer)."""
         self.config = config
-        files = load_model_files(config.model_config.model, with_weights=False)
+        self.profile = profile
+        self.client = client or EngineCoreClient(config, log_level)
+        files = read_model_info(config.model_config.model)
         self.model_name = files.name
         self.tokenizer = files.tokenizer
         self.chat_template = files.chat_template
         self.arch = files.arch
         self.observer = observer
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.client = EngineCoreClient(config, log_level)
+        warm_up_front_end(self.tokenizer, self.chat_template)
+        if profile is not None:
+            profile.mark("tokenizer and chat template")
         self.processor: InputProcessor | None = None
         self.max_model_len = 0
         self.engine_info: dict = {}
@@ -150,6 +169,10 @@ class AsyncLLM:
 
     async def start(self) -> None:
         info = await self.client.wait_ready()
+        if self.profile is not None:
+            self.profile.mark("wait for the engine core")
+            for phase in info.get("startup", {}).get("phases", []):
+                logger.debug("engine-core start-up: %s %.3f s", phase["name"], phase["seconds"])
         self.max_model_len = info["max_model_len"]
         self.engine_info = info
         self.processor = InputProcessor(

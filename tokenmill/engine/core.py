@@ -18,16 +18,18 @@ from tokenmill.engine.core_types import (
     EngineCoreRequest,
     SchedulerStats,
 )
+from tokenmill.engine.startup import StartupProfile
 from tokenmill.inputs.validation import validate_params, validate_prompt
+from tokenmill.kernels import ops
 from tokenmill.kv.events import KVEventCollector, KVEventPublisher
 from tokenmill.kv.manager import KVCacheManager, cdiv
 from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
 from tokenmill.model.linear import get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
-from tokenmill.model.loader import ModelFiles
+from tokenmill.model.model_files import ModelFiles
 from tokenmill.quant.weights import load_for_plan
 from tokenmill.request import Request, RequestStatus
-from tokenmill.sampling_params import RepetitionDetection
+from tokenmill.sampling_params import RepetitionDetection, SamplingParams
 from tokenmill.scheduler.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 from tokenmill.spec.proposer import build_proposer
 from tokenmill.spec.traffic import TrafficRecorder
@@ -74,13 +76,25 @@ class _SamplingState:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, model_files: ModelFiles | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_files: ModelFiles | None = None,
+        profile: StartupProfile | None = None,
+    ) -> None:
         self.config = config
+        self.profile = profile = profile or StartupProfile("engine-core", origin=time.time())
         torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.model_config.seed)
         t0 = time.monotonic()
         plan = config.model_config.plan
-        files = model_files or load_for_plan(config.model_config.model, plan)
+        files = model_files
+        if files is None:
+            files = load_for_plan(config.model_config.model, plan)
+            profile.mark("read weights")
+        if plan.method == "native":
+            ops.load_kernels()  # built once per machine, then loaded from the cache
+            profile.mark("native kernels")
         self.model_name = files.name
         self.tokenizer = files.tokenizer
         arch = files.arch
@@ -93,7 +107,10 @@ class EngineCore:
             rope_freq_factors=files.rope_freq_factors,
         )
         files.weights.clear()
+        profile.mark("build model")
         self.weights_kld = self._check_weights_kld(files)
+        if self.weights_kld is not None:
+            profile.mark("weights KLD check")
         cache = config.cache_config
         kv_dtype = torch.float32
         num_blocks = cache.num_blocks_override or max(
@@ -108,6 +125,7 @@ class EngineCore:
         self.runner = ModelRunner(
             self.model, num_blocks, cache.block_size, kv_dtype=kv_dtype, device=config.device
         )
+        profile.mark("allocate KV cache")
         self.events = KVEventCollector(cache.block_size)
         self.publisher = (
             KVEventPublisher(cache.kv_events_endpoint, cache.kv_events_replay_endpoint)
@@ -151,6 +169,10 @@ class EngineCore:
             )
         self.num_blocks = num_blocks
         self._grammar_compiler: GrammarCompiler | None = None
+        profile.mark("scheduler")
+        if config.warm_up:
+            self._warm_up()
+            profile.mark("warm-up")
         logger.info(
             "engine ready: %s, %d KV blocks x %d tokens, max_model_len %d, %.1fs",
             self.model_name,
@@ -159,6 +181,26 @@ class EngineCore:
             self.max_model_len,
             time.monotonic() - t0,
         )
+
+    def _warm_up(self) -> None:
+        """One short greedy request (a batched prefill, then single-row decode steps) through
+        a throwaway scheduler and block manager: first-call costs (thread pools, GEMM
+        buffers, lazily mapped pages) are paid before the first real request, and nothing of
+        it shows in the prefix cache, the KV events or the stats."""
+        block_size = self.kv_manager.block_size
+        prompt_len = min(32, self.max_model_len - 3)
+        if prompt_len < 1:
+            return
+        kv = KVCacheManager(self.num_blocks, block_size, enable_caching=False)
+        scheduler = Scheduler(self.config.scheduler_config, kv, self.max_model_len)
+        prompt = [(7 + 31 * i) % self.vocab_size for i in range(prompt_len)]
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        scheduler.add_request(
+            Request("warm-up", prompt, params, self.tokenizer.eos_token_ids, self.max_model_len)
+        )
+        while scheduler.has_unfinished_requests():
+            sched = scheduler.schedule()
+            scheduler.update_from_output(sched, self.runner.execute_model(sched))
 
     def _check_weights_kld(self, files: ModelFiles) -> dict | None:
         """--max-kld: the weights' KL divergence from float32, measured (or read from the

@@ -7,6 +7,11 @@ from typing import Any
 
 
 def run_engine_core(*args: Any) -> None:
+    from tokenmill.engine.startup import StartupProfile
+
+    profile = StartupProfile("engine-core")  # from the moment the process was created
+    profile.mark("spawn")
     from tokenmill.engine.core_proc import run_engine_core as run
 
-    run(*args)
+    profile.mark("imports")
+    run(*args, profile=profile)

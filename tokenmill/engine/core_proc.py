@@ -26,6 +26,7 @@ from tokenmill.config import EngineConfig
 from tokenmill.engine.core import EngineCore, QueueFullError
 from tokenmill.engine.core_types import EngineCoreOutput, EngineCoreOutputs
 from tokenmill.engine.serialization import decode_request, encode_outputs, pack, unpack
+from tokenmill.engine.startup import StartupProfile
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class EngineCoreProc:
             "weights_kld": core.weights_kld,
             "speculative": core.speculative_info(),
             "pid": os.getpid(),
+            "startup": core.profile.to_dict(),
         }
         self.output.send_multipart([b"READY", pack(info)])
 
@@ -177,7 +179,11 @@ def exit_with_parent() -> None:
 
 
 def run_engine_core(
-    config: EngineConfig, input_addr: str, output_addr: str, log_level: str = "INFO"
+    config: EngineConfig,
+    input_addr: str,
+    output_addr: str,
+    log_level: str = "INFO",
+    profile: StartupProfile | None = None,
 ) -> None:
     """Process entry point."""
     logging.basicConfig(
@@ -188,7 +194,7 @@ def run_engine_core(
     exit_with_parent()
     proc = None
     try:
-        core = EngineCore(config)
+        core = EngineCore(config, profile=profile)
         proc = EngineCoreProc(core, input_addr, output_addr)
         proc.send_ready()
         try:

@@ -114,6 +114,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_block_bytes": [i32],
         "tm_block_values": [i32],
         "tm_dequant_matrix": [p, i32, i64, i64, p, i32],
+        "tm_dequant_matrix_t": [p, i32, i64, i64, p, i32],
         "tm_dequant_rows": [p, i32, i64, p, i64, p, i32],
         "tm_qlinear": [p, i64, i64, p, i32, i64, p, p, i32, i32],
         "tm_int_dot_kind": [],

@@ -160,6 +160,16 @@ def dequant_matrix(weight, out: torch.Tensor) -> torch.Tensor:
     return view
 
 
+def dequant_matrix_t(weight) -> torch.Tensor:
+    """A PackedWeight transposed into a new fp32 [cols, rows] tensor (values as
+    dequant_matrix's): the layout of a float GEMM's weight, with no transpose pass."""
+    out = torch.empty(weight.cols, weight.rows, dtype=torch.float32)
+    load_kernels().tm_dequant_matrix_t(
+        _p(weight.data), weight.qtype, weight.rows, weight.cols, _p(out), _threads()
+    )
+    return out
+
+
 def dequant_rows(weight, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` of a PackedWeight in fp32 (an embedding lookup)."""
     ids = ids.to(torch.int64).contiguous()

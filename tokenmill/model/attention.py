@@ -7,13 +7,25 @@ chunks (prefill chunks). Each layer's cache is one tensor [2, num_blocks, block_
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from tokenmill.kernels import ops
+
+
+def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """A zero-filled tensor whose host pages are mapped on first touch: numpy's zeros is
+    calloc, which takes fresh zero pages from the OS for a large block instead of writing
+    every byte (a 2 GiB KV pool costs nothing until it fills; torch.zeros writes it all)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 @dataclass
@@ -76,7 +88,7 @@ class AttentionBackend(ABC):
 
     def allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype, device: str) -> torch.Tensor:
         block_numel = self.block_size * self.num_kv_heads * self.head_dim
-        return torch.zeros(2, num_blocks, block_numel, dtype=dtype, device=device)
+        return zeroed_pool((2, num_blocks, block_numel), dtype, device)
 
     @abstractmethod
     def forward(

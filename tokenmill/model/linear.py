@@ -33,6 +33,14 @@ class FloatLinear:
         self.weight_t = weight.float().t().contiguous()
         self.bias = bias.float().contiguous() if bias is not None else None
 
+    @classmethod
+    def from_transposed(cls, weight_t: torch.Tensor, bias: torch.Tensor | None) -> FloatLinear:
+        """From W^T already laid out [in, out] (contiguous float32), used as it is."""
+        layer = cls.__new__(cls)
+        layer.weight_t = weight_t
+        layer.bias = bias.float().contiguous() if bias is not None else None
+        return layer
+
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.bias is not None:
             y = torch.addmm(self.bias, x, self.weight_t)
@@ -154,7 +162,9 @@ class PackedLinear:
         # decode rows run integer dot products on a regrouped copy where the format allows
         self.int_dot = ops.int_dot_repack(weight) if int_dot_decode(weight) else None
         # the float32 method's layer on the same weights: batched results equal its results
-        self.float_linear = FloatLinear(weight.dequantize(), bias) if keep_float else None
+        self.float_linear = None
+        if keep_float:  # the native dequantizer: bit-exact with gguf's (test_native_weights)
+            self.float_linear = FloatLinear.from_transposed(ops.dequant_matrix_t(weight), bias)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()

@@ -2,65 +2,34 @@
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from tokenmill.model.arch_config import ArchConfig
-from tokenmill.model.chat_template import ChatTemplate
-from tokenmill.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
+from tokenmill.model.model_files import (
+    ModelFiles,
+    gguf_model_info,
+    hf_model_info,
+    model_source,
+    read_model_info,
+)
 from tokenmill.model.packed import PACKED_TYPES, PackedWeight
-from tokenmill.model.tokenizer import Tokenizer, tokenizer_from_files, tokenizer_from_gguf
-
-
-@dataclass
-class ModelFiles:
-    """Everything read from a model file, before the weights become a runnable model."""
-
-    name: str
-    path: Path
-    arch: ArchConfig
-    # Hugging Face names; float32, or packed GGUF blocks when loaded with packed=True
-    weights: dict[str, torch.Tensor | PackedWeight]
-    tokenizer: Tokenizer
-    chat_template: ChatTemplate
-    rope_freq_factors: torch.Tensor | None = None
-
-
-def resolve_model_path(model: str | None) -> tuple[str, Path]:
-    if model is None:
-        return EMBEDDED_MODEL_NAME, embedded_model_path()
-    path = Path(model).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(
-            f"model path {model!r} does not exist (models load from a local GGUF file or HF folder)"
-        )
-    name = path.stem if path.is_file() else path.name
-    return name, path
 
 
 def load_model_files(
     model: str | None, with_weights: bool = True, packed: bool = False
 ) -> ModelFiles:
     """Reads a model; `with_weights=False` reads only what a front end needs (tokenizer,
-    chat template, architecture), which is fast."""
-    name, path = resolve_model_path(model)
-    if path.is_file() and path.suffix == ".gguf":
-        return _load_gguf(name, path, with_weights, packed)
-    if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if (path / "config.json").exists():
-            return _load_hf_folder(name, path, with_weights)
-        if len(ggufs) == 1:
-            return _load_gguf(name, ggufs[0], with_weights, packed)
-    raise ValueError(
-        f"{path}: expected a .gguf file or a folder with config.json and *.safetensors"
-    )
+    chat template, architecture: model_files.read_model_info, which is fast and torch-free)."""
+    if not with_weights:
+        return read_model_info(model)
+    name, path, kind = model_source(model)
+    if kind == "gguf":
+        return _load_gguf(name, path, packed)
+    return _load_hf_folder(name, path)
 
 
 # ---------------------------------------------------------------- GGUF
@@ -85,15 +54,6 @@ _GGUF_LAYER_TO_HF = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
-
-
-def gguf_metadata(reader) -> dict:
-    meta = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        meta[key] = field.contents()
-    return meta
 
 
 def unpermute_rope_weight(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -126,28 +86,22 @@ def _packed(tensor) -> PackedWeight | None:
     return PackedWeight(qtype, rows, cols, data.view(rows, -1))
 
 
-def _load_gguf(name: str, path: Path, with_weights: bool, packed: bool = False) -> ModelFiles:
+def _load_gguf(name: str, path: Path, packed: bool = False) -> ModelFiles:
     """`packed`: 2-D weights in a format with native kernels (packed.PACKED_TYPES) stay as
     the file stores them."""
-    from gguf import GGUFReader
+    from tokenmill.model.gguf_file import GGUFFile
 
-    reader = GGUFReader(str(path))
-    meta = gguf_metadata(reader)
-    tensors = {t.name: t for t in reader.tensors}
-    arch = ArchConfig.from_gguf_metadata(
-        meta,
-        has_output_tensor="output.weight" in tensors,
-        has_qkv_bias="blk.0.attn_q.bias" in tensors,
-    )
+    gguf = GGUFFile(path)
+    files = gguf_model_info(name, path, gguf)
+    arch = files.arch
     # llama.cpp permutes q/k rows for the "llama" architecture only (Mistral ships as llama).
-    permuted = meta["general.architecture"] in ("llama", "mistral")
-    weights: dict[str, torch.Tensor | PackedWeight] = {}
-    rope_freq_factors = None
-    for tname, tensor in tensors.items() if with_weights else ():
+    permuted = gguf.metadata["general.architecture"] in ("llama", "mistral")
+    weights = files.weights
+    for tname, tensor in ((t.name, t) for t in gguf.tensors):
         kept = _packed(tensor) if packed else None
         data = dequantize_tensor(tensor) if kept is None else None
         if tname == "rope_freqs.weight":
-            rope_freq_factors = torch.from_numpy(data.copy())
+            files.rope_freq_factors = torch.from_numpy(data.copy())
             continue
         match = _LAYER_RE.fullmatch(tname)
         if match:
@@ -174,46 +128,20 @@ def _load_gguf(name: str, path: Path, with_weights: bool, packed: bool = False) 
             if kept is not None
             else torch.from_numpy(np.array(data, dtype=np.float32, order="C"))
         )
-    tokenizer = tokenizer_from_gguf(meta)
-    template = ChatTemplate(
-        meta.get("tokenizer.chat_template"), tokenizer.bos_token, tokenizer.eos_token
-    )
-    return ModelFiles(name, path, arch, weights, tokenizer, template, rope_freq_factors)
+    return files
 
 
 # ---------------------------------------------------------------- HF folder
 
 
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _load_hf_folder(name: str, path: Path, with_weights: bool) -> ModelFiles:
+def _load_hf_folder(name: str, path: Path) -> ModelFiles:
     from safetensors.torch import load_file
 
-    config = _read_json(path / "config.json")
-    arch = ArchConfig.from_hf_config(config)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
+    files = hf_model_info(name, path)
+    safetensors = sorted(path.glob("*.safetensors"))
+    if not safetensors:
         raise ValueError(f"{path}: no *.safetensors files")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files if with_weights else ():
+    for f in safetensors:
         for key, value in load_file(str(f)).items():
-            weights[key] = value.float()
-    if not (path / "tokenizer.json").exists():
-        raise ValueError(f"{path}: tokenizer.json is missing")
-    tok_config = _read_json(path / "tokenizer_config.json")
-    gen_config = _read_json(path / "generation_config.json")
-    eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
-    eos_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
-    tokenizer = tokenizer_from_files(str(path / "tokenizer.json"), tok_config, eos_ids)
-    template_source = tok_config.get("chat_template")
-    if isinstance(template_source, list):  # named templates: take "default"
-        template_source = next(
-            (t["template"] for t in template_source if t.get("name") == "default"), None
-        )
-    jinja_file = path / "chat_template.jinja"
-    if template_source is None and jinja_file.exists():
-        template_source = jinja_file.read_text()
-    template = ChatTemplate(template_source, tokenizer.bos_token, tokenizer.eos_token)
-    return ModelFiles(name, path, arch, weights, tokenizer, template)
+            files.weights[key] = value.float()
+    return files

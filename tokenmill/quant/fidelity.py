@@ -13,7 +13,8 @@ import torch
 
 from tokenmill.model.linear import get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
-from tokenmill.model.loader import ModelFiles, load_model_files
+from tokenmill.model.loader import load_model_files
+from tokenmill.model.model_files import ModelFiles
 from tokenmill.quant.groups import linear_groups
 from tokenmill.quant.kld import (
     KLDReport,

@@ -9,7 +9,8 @@ import time
 
 import torch
 
-from tokenmill.model.loader import ModelFiles, load_model_files
+from tokenmill.model.loader import load_model_files
+from tokenmill.model.model_files import ModelFiles
 from tokenmill.model.packed import Int8Weight, OutlierSplit, PackedWeight, as_float
 from tokenmill.quant.groups import linear_groups
 from tokenmill.quant.plan import QuantPlan

@@ -10,7 +10,6 @@ import signal
 import tempfile
 from pathlib import Path
 
-from tokenmill.router.auth import resolve_api_key
 from tokenmill.router.config import POLICIES, CostWeights, GuardConfig, RouterConfig
 from tokenmill.router.replicas import ReplicaSpec
 
@@ -128,6 +127,8 @@ def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None
 
 
 def cmd_router(args: argparse.Namespace) -> int:
+    from tokenmill.router.auth import resolve_api_key
+
     specs = [ReplicaSpec.parse(r) for r in args.replica]
     return run_router(
         router_config(args), specs, args.model, args.host, args.port, args.log_decisions,
@@ -150,6 +151,7 @@ def engine_argv(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
+    from tokenmill.router.auth import resolve_api_key
     from tokenmill.router.cluster import start_cluster, stop_cluster
 
     if args.replicas < 1:

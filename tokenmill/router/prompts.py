@@ -46,9 +46,9 @@ class PromptHasher:
 
     @classmethod
     def from_model(cls, model: str | None) -> PromptHasher:
-        from tokenmill.model.loader import load_model_files
+        from tokenmill.model.model_files import read_model_info
 
-        files = load_model_files(model, with_weights=False)
+        files = read_model_info(model)
         return cls(files.tokenizer, files.chat_template)
 
     def key(self, endpoint: str, body: dict[str, Any], session: str | None = None) -> RequestKey:

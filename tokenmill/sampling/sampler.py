@@ -10,7 +10,7 @@ import torch
 from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.penalties import apply_penalties
 from tokenmill.structured.closing import EOS, next_closer, path_to_close
-from tokenmill.structured.grammar import allowed_mask
+from tokenmill.structured.token_mask import allowed_mask
 
 
 @dataclass

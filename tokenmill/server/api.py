@@ -270,6 +270,10 @@ def build_app(
             "speculative": engine.engine_info.get("speculative"),
             "in_flight": engine.num_in_flight,
             "uptime_s": round(time.time() - state.started, 1),
+            "startup": {
+                "api": engine.profile.to_dict() if engine.profile is not None else None,
+                "engine_core": engine.engine_info.get("startup"),
+            },
         }
 
     add_request_bodies(app, REQUEST_BODIES)

@@ -6,31 +6,12 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+from collections.abc import Iterable
 
 from tokenmill.server.errors import error_body
+from tokenmill.server.settings import API_KEY_ENV, resolve_api_key
 
-API_KEY_ENV = "TOKENMILL_API_KEY"
-
-
-def resolve_api_key(
-    key: str | None, key_file: str | None, env: Mapping[str, str] = os.environ
-) -> str | None:
-    """The key from the flag, the file or the environment (in that order); None: no key."""
-    if key is not None and key_file is not None:
-        raise ValueError("api-key: give --api-key or --api-key-file, not both")
-    source = "api-key"
-    if key_file is not None:
-        key, source = Path(key_file).read_text().strip(), "api-key-file"
-    elif key is None:
-        key, source = env.get(API_KEY_ENV), API_KEY_ENV
-        if key is None:
-            return None
-    if not key or key != key.strip():
-        raise ValueError(f"{source}: the key must not be empty or padded with spaces")
-    return key
+__all__ = ["API_KEY_ENV", "APIKeyMiddleware", "bearer_matches", "resolve_api_key"]
 
 
 def bearer_matches(header: bytes, key: bytes) -> bool:

@@ -7,14 +7,17 @@ import asyncio
 import logging
 import signal
 import sys
-import time
 from contextlib import asynccontextmanager
 
-import uvicorn
-
 from tokenmill.engine.arg_utils import build_engine_config, engine_kwargs
-from tokenmill.server.auth import API_KEY_ENV, resolve_api_key
-from tokenmill.server.state import DEFAULT_MAX_TOKENS, DEFAULT_OPEN_PATHS, ServerSettings
+from tokenmill.engine.startup import StartupProfile
+from tokenmill.server.settings import (
+    API_KEY_ENV,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_OPEN_PATHS,
+    ServerSettings,
+    resolve_api_key,
+)
 
 logger = logging.getLogger("tokenmill.server")
 
@@ -22,6 +25,11 @@ logger = logging.getLogger("tokenmill.server")
 def add_serve_parser(sub, add_engine_args) -> None:
     p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     p.add_argument("model_path", nargs="?", default=None, help="same as --model")
+    p.add_argument(
+        "--log-level",
+        default=argparse.SUPPRESS,
+        help="as `tokenmill --log-level`; debug also logs the start-up profile",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -76,22 +84,45 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    profile = getattr(args, "startup_profile", None) or StartupProfile("api")
+    model = args.model_path or args.model
+    config = build_engine_config(model, **engine_kwargs(args))
+    settings = server_settings(args)
+    profile.mark("arguments")
+    # The engine core loads the model while this process imports the server and reads the
+    # tokenizer: the two start in parallel.
+    from tokenmill.engine.core_client import EngineCoreClient
+
+    debug = logging.getLogger().level <= logging.DEBUG
+    client = EngineCoreClient(config, log_level="DEBUG" if debug else "INFO")
+    profile.mark("start the engine core")
+    serving = False
+    try:
+        serving = _serve(args, config, settings, client, profile)
+    finally:
+        if not serving:
+            client.shutdown()
+    return 0 if serving else 2
+
+
+def _serve(args, config, settings, client, profile: StartupProfile) -> bool:
+    """Runs the server until it stops; False when it never started (the reason printed)."""
+    import uvicorn
     from fastapi import FastAPI
 
     from tokenmill.engine.async_llm import AsyncLLM
     from tokenmill.server.api import build_app
+    from tokenmill.server.draining import DrainingServer
     from tokenmill.server.metrics import ServerMetrics
 
-    model = args.model_path or args.model
-    config = build_engine_config(model, **engine_kwargs(args))
-    settings = server_settings(args)
+    profile.mark("imports")
     uvicorn_level = "info" if logging.getLogger().level <= logging.INFO else "warning"
     holder: dict[str, FastAPI] = {}
     holder_error: list[str] = []
 
     @asynccontextmanager
     async def lifespan(_outer: FastAPI):
-        engine = AsyncLLM(config, max_queue_len=args.max_queue_len, log_level="INFO")
+        engine = AsyncLLM(config, max_queue_len=args.max_queue_len, client=client, profile=profile)
         metrics = ServerMetrics(
             args.served_model_name[0] if args.served_model_name else engine.model_name
         )
@@ -105,9 +136,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         names = args.served_model_name or [engine.model_name]
         app = build_app(engine, names, metrics, settings)
         holder["app"] = app
+        profile.mark("build the app")
         logger.warning(
-            "tokenmill serving %s on http://%s:%d (max_model_len %d)",
-            names[0], args.host, args.port, engine.max_model_len,
+            "tokenmill serving %s on http://%s:%d (max_model_len %d, ready %.1f s after launch)",
+            names[0], args.host, args.port, engine.max_model_len, profile.total,
         )  # fmt: skip
         async with app.router.lifespan_context(app):
             yield
@@ -139,33 +171,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise
     if "app" not in holder:  # the engine never started: say why, as other CLI errors do
         print(f"error: {holder_error[0] if holder_error else 'start-up failed'}", file=sys.stderr)
-        return 2
-    return 0
-
-
-class DrainingServer(uvicorn.Server):
-    """SIGTERM drains before uvicorn stops listening: /health answers 503 and new generation
-    requests 503 (server_shutting_down) while in-flight requests finish, up to the drain
-    timeout; then uvicorn shuts down. A second signal stops at once."""
-
-    def __init__(self, config, holder: dict, drain_timeout: float) -> None:
-        super().__init__(config)
-        self.holder = holder
-        self.drain_timeout = drain_timeout
-        self.drain_started: float | None = None
-
-    def handle_exit(self, sig, frame) -> None:
-        app = self.holder.get("app")
-        if self.drain_started is not None or app is None:
-            return super().handle_exit(sig, frame)
-        self.drain_started = time.monotonic()
-        app.state.tm.draining = True
-        logger.warning("draining: %d sequences in flight", app.state.tm.engine.num_in_flight)
-
-    async def on_tick(self, counter: int) -> bool:
-        if self.drain_started is not None and not self.should_exit:
-            engine = self.holder["app"].state.tm.engine
-            waited = time.monotonic() - self.drain_started
-            if engine.num_in_flight == 0 or waited >= self.drain_timeout:
-                self.should_exit = True
-        return await super().on_tick(counter)
+        return False
+    return True

@@ -18,25 +18,11 @@ from tokenmill.engine.async_llm import AsyncLLM, QueueFullError, RequestFailedEr
 from tokenmill.engine.core_client import EngineDeadError
 from tokenmill.server.errors import APIError, from_value_error
 from tokenmill.server.metrics import ServerMetrics
+from tokenmill.server.settings import ServerSettings
 
 access_log = logging.getLogger("tokenmill.access")
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-DEFAULT_MAX_TOKENS = 2048
-# Paths served without the API key unless configured otherwise (--open-path).
-DEFAULT_OPEN_PATHS = ("/health", "/metrics")
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    api_key: str | None = None
-    open_paths: tuple[str, ...] = DEFAULT_OPEN_PATHS
-    max_body_bytes: int = 4 * 1024 * 1024
-    # chat requests that give no max_tokens get at most this many (and never more than fits)
-    default_max_tokens: int = DEFAULT_MAX_TOKENS
-    # requests may ask for control-token strings in messages to be control tokens
-    allow_special_tokens_in_content: bool = False
 
 
 @dataclass

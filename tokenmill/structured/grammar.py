@@ -10,7 +10,6 @@ import threading
 from collections import OrderedDict
 
 import llguidance
-import torch
 
 from tokenmill.model.tokenizer import Tokenizer
 from tokenmill.structured.limits import DEFAULT_LIMITS, ConstraintLimits, check_limits
@@ -159,16 +158,3 @@ def _unknown_format(message: str) -> str | None:
     prefix = "Unknown format: "
     i = message.find(prefix)
     return message[i + len(prefix) :].split()[0] if i != -1 else None
-
-
-_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
-
-
-def allowed_mask(matchers: list[llguidance.LLMatcher], vocab_size: int) -> torch.Tensor:
-    """[len(matchers), vocab_size] bool: the tokens each matcher accepts next."""
-    words = (vocab_size + 31) // 32
-    bitmask = torch.empty(len(matchers), words, dtype=torch.int32)
-    for row, m in enumerate(matchers):
-        m.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), words * 4)
-    bits = (bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1
-    return bits.view(len(matchers), words * 32)[:, :vocab_size].bool()

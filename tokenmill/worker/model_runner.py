@@ -12,7 +12,7 @@ from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.sampler import LogprobsTensors, Sampler, gather_logprobs
 from tokenmill.scheduler.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from tokenmill.spec.verify import accept_drafts
-from tokenmill.structured.grammar import allowed_mask
+from tokenmill.structured.token_mask import allowed_mask
 from tokenmill.worker.input_batch import build_model_input
 
 # Prompt-logprob rows are turned into log-softmax in slices of this many positions.

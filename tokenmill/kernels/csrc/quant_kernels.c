@@ -538,6 +538,29 @@ void tm_dequant_matrix(const uint8_t* w, int qt, int64_t N, int64_t K, float* ou
     for (int64_t n = 0; n < N; n++) dequant_row(qt, w + n * rb, K, out + n * K);
 }
 
+// The whole matrix transposed, out[k * N + n] = W[n, k]: the [in, out] layout of the float
+// GEMM's weight, written without a separate transpose pass. Tiles of DQ_T_ROWS weight rows
+// are dequantized into a buffer and stored a cache line per k.
+#define DQ_T_ROWS 16
+void tm_dequant_matrix_t(const uint8_t* w, int qt, int64_t N, int64_t K, float* out,
+                         int nthreads) {
+    const int64_t rb = row_bytes(qt, K);
+#pragma omp parallel num_threads(nthreads)
+    {
+        float* tile = (float*)malloc(sizeof(float) * DQ_T_ROWS * K);
+#pragma omp for schedule(static)
+        for (int64_t n0 = 0; n0 < N; n0 += DQ_T_ROWS) {
+            const int64_t rows = N - n0 < DQ_T_ROWS ? N - n0 : DQ_T_ROWS;
+            for (int64_t r = 0; r < rows; r++) dequant_row(qt, w + (n0 + r) * rb, K, tile + r * K);
+            for (int64_t k = 0; k < K; k++) {
+                float* dst = out + k * N + n0;
+                for (int64_t r = 0; r < rows; r++) dst[r] = tile[r * K + k];
+            }
+        }
+        free(tile);
+    }
+}
+
 // Selected rows (an embedding lookup on a packed table).
 void tm_dequant_rows(const uint8_t* w, int qt, int64_t K, const int64_t* ids, int64_t M, float* out,
                      int nthreads) {

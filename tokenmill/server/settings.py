@@ -1,0 +1,43 @@
+"""The server's settings, their defaults and the API key's sources: importable without the
+server (the command line builds them before it imports FastAPI)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+API_KEY_ENV = "TOKENMILL_API_KEY"
+DEFAULT_MAX_TOKENS = 2048
+# Paths served without the API key unless configured otherwise (--open-path).
+DEFAULT_OPEN_PATHS = ("/health", "/metrics")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    api_key: str | None = None
+    open_paths: tuple[str, ...] = DEFAULT_OPEN_PATHS
+    max_body_bytes: int = 4 * 1024 * 1024
+    # chat requests that give no max_tokens get at most this many (and never more than fits)
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    # requests may ask for control-token strings in messages to be control tokens
+    allow_special_tokens_in_content: bool = False
+
+
+def resolve_api_key(
+    key: str | None, key_file: str | None, env: Mapping[str, str] = os.environ
+) -> str | None:
+    """The key from the flag, the file or the environment (in that order); None: no key."""
+    if key is not None and key_file is not None:
+        raise ValueError("api-key: give --api-key or --api-key-file, not both")
+    source = "api-key"
+    if key_file is not None:
+        key, source = Path(key_file).read_text().strip(), "api-key-file"
+    elif key is None:
+        key, source = env.get(API_KEY_ENV), API_KEY_ENV
+        if key is None:
+            return None
+    if not key or key != key.strip():
+        raise ValueError(f"{source}: the key must not be empty or padded with spaces")
+    return key
