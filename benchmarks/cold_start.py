@@ -7,6 +7,7 @@ GGUF file, in one run.
 Servers (the embedded model, SmolLM2-135M-Instruct Q4_1; the systems take turns, round by
 round, so drift on a shared machine hits both)
     tokenmill       `tokenmill serve` (defaults)
+    no warm-up      `tokenmill serve --no-warm-up`: what the warm-up request buys
     llama-server    llama.cpp's server on the same file (-t THREADS, one slot)
 
 Numbers per launch (median over the rounds, min..max beside it)
@@ -91,6 +92,7 @@ def stream_first_token(base: str, model: str, prompt: str) -> float:
     """Seconds to the first streamed token of a greedy completion."""
     body = {
         "model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "stream": True,
+        "ignore_eos": True,
     }  # fmt: skip
     start = time.monotonic()
     with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=120) as r:
@@ -98,8 +100,7 @@ def stream_first_token(base: str, model: str, prompt: str) -> float:
         for line in r.iter_lines():
             if not line.startswith("data:") or line.strip() == "data: [DONE]":
                 continue
-            choices = json.loads(line[5:]).get("choices") or []
-            if choices and choices[0].get("text"):
+            if json.loads(line[5:]).get("choices"):  # the first token's chunk
                 return time.monotonic() - start
     raise RuntimeError("the stream ended without a token")
 
@@ -183,7 +184,7 @@ def main() -> int:
     args = ap.parse_args()
     model_path = embedded_model_path()
     logs = Path(tempfile.mkdtemp(prefix="tokenmill-cold-start-"))
-    systems = [SystemRuns("tokenmill")]
+    systems = [SystemRuns("tokenmill"), SystemRuns("tokenmill --no-warm-up")]
     llama = None if args.skip_llama_cpp else find_llama_server()
     if llama is None and not args.skip_llama_cpp:
         log.print(
@@ -196,10 +197,10 @@ def main() -> int:
         for system in systems:
             port = free_port()
             base = f"http://127.0.0.1:{port}"
-            if system.name == "tokenmill":
+            if system.name.startswith("tokenmill"):
                 cmd = [
                     sys.executable, "-m", "tokenmill.cli", "serve", "--port", str(port),
-                    "--num-threads", str(args.threads),
+                    "--num-threads", str(args.threads), *system.name.split()[1:],
                 ]  # fmt: skip
                 model = "SmolLM2-135M-Instruct"
             else:
@@ -209,7 +210,11 @@ def main() -> int:
                 ]  # fmt: skip
                 model = model_path.name
             result = launch(
-                cmd, base, model, logs / f"{system.name}-{rnd}.log", system.name == "tokenmill"
+                cmd,
+                base,
+                model,
+                logs / f"{system.name.replace(' ', '')}-{rnd}.log",
+                system.name == "tokenmill",
             )
             system.launches.append(result)
             log.print(
@@ -245,8 +250,9 @@ def report(systems: list[SystemRuns], offline: dict[str, list[float]], args) -> 
     out.print(table)
     tm = systems[0]
     lines = []
-    if len(systems) > 1:
-        peer = systems[1]
+    peers = [s for s in systems if s.name == "llama-server"]
+    if peers:
+        peer = peers[0]
         ratio = med([x.first_token for x in tm.launches]) / med(
             [x.first_token for x in peer.launches]
         )

@@ -8,7 +8,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
 from tokenmill.model.embedded import embedded_model_path
-from tokenmill.model.gguf_file import GGUFFile, GGUFFormatError
+from tokenmill.model.gguf_file import GGML_TYPE_SIZES, GGUFFile, GGUFFormatError
 
 
 def assert_same_as_reference(path, flattened_by_reference: tuple[str, ...] = ()) -> None:
@@ -32,6 +32,12 @@ def assert_same_as_reference(path, flattened_by_reference: tuple[str, ...] = ())
         assert a.n_elements == int(b.n_elements) and a.n_bytes == int(b.n_bytes)
         assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape, a.name
         assert np.array_equal(a.data, b.data), a.name
+
+
+def test_type_table_is_gguf_py_s():
+    from gguf.constants import GGML_QUANT_SIZES
+
+    assert {int(t): sizes for t, sizes in GGML_QUANT_SIZES.items()} == GGML_TYPE_SIZES
 
 
 def test_embedded_model_reads_as_gguf_py_reads_it():

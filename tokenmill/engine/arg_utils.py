@@ -157,6 +157,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "stores user data; off by default",
     )
     g.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="skip the short request run through the model before serving (the first "
+        "request then pays first-call costs; benchmarks/cold_start.py measures both)",
+    )
+    g.add_argument(
         "--record-traffic-max-mib",
         type=int,
         default=256,
@@ -204,6 +211,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         speculator=args.speculator,
         record_traffic=args.record_traffic,
         record_traffic_max_mib=args.record_traffic_max_mib,
+        warm_up=args.warm_up,
     )
 
 
@@ -243,6 +251,7 @@ def build_engine_config(
     speculator: str | None = None,
     record_traffic: str | None = None,
     record_traffic_max_mib: int = 256,
+    warm_up: bool = True,
 ) -> EngineConfig:
     if record_traffic_max_mib < 1:
         raise ValueError("record-traffic-max-mib: must be >= 1")
@@ -283,6 +292,7 @@ def build_engine_config(
         num_threads=num_threads or default_num_threads(),
         record_traffic_dir=record_traffic,
         record_traffic_max_bytes=record_traffic_max_mib << 20,
+        warm_up=warm_up,
         speculative_config=(
             SpeculativeConfig(
                 speculative,

@@ -183,18 +183,18 @@ class EngineCore:
         )
 
     def _warm_up(self) -> None:
-        """One short greedy request (a batched prefill, then single-row decode steps) through
-        a throwaway scheduler and block manager: first-call costs (thread pools, GEMM
-        buffers, lazily mapped pages) are paid before the first real request, and nothing of
-        it shows in the prefix cache, the KV events or the stats."""
+        """One short greedy request (a batched prefill, then a single-row decode step)
+        through a throwaway scheduler and block manager: first-call costs (thread pools,
+        GEMM buffers, the fused decoder) are paid before the first real request, and nothing
+        of it shows in the prefix cache, the KV events or the stats."""
         block_size = self.kv_manager.block_size
-        prompt_len = min(32, self.max_model_len - 3)
+        prompt_len = min(16, self.max_model_len - 2)  # more rows than the GEMV path takes
         if prompt_len < 1:
             return
         kv = KVCacheManager(self.num_blocks, block_size, enable_caching=False)
         scheduler = Scheduler(self.config.scheduler_config, kv, self.max_model_len)
         prompt = [(7 + 31 * i) % self.vocab_size for i in range(prompt_len)]
-        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
         scheduler.add_request(
             Request("warm-up", prompt, params, self.tokenizer.eos_token_ids, self.max_model_len)
         )

@@ -186,8 +186,8 @@ def run_engine_core(
     profile: StartupProfile | None = None,
 ) -> None:
     """Process entry point."""
-    logging.basicConfig(
-        level=log_level, format="%(asctime)s %(levelname)s engine-core: %(message)s"
+    logging.basicConfig(  # force: a forked core inherits its parent's configuration
+        level=log_level, format="%(asctime)s %(levelname)s engine-core: %(message)s", force=True
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when to stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: KV event sockets close

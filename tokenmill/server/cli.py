@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import sys
+import threading
 from contextlib import asynccontextmanager
 
 from tokenmill.engine.arg_utils import build_engine_config, engine_kwargs
@@ -94,7 +95,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tokenmill.engine.core_client import EngineCoreClient
 
     debug = logging.getLogger().level <= logging.DEBUG
-    client = EngineCoreClient(config, log_level="DEBUG" if debug else "INFO")
+    single_threaded = threading.active_count() == 1 and sys.platform.startswith("linux")
+    client = EngineCoreClient(
+        config,
+        log_level="DEBUG" if debug else "INFO",
+        start_method="fork" if single_threaded else "spawn",
+    )
     profile.mark("start the engine core")
     serving = False
     try:

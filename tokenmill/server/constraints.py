@@ -3,6 +3,7 @@ forced tool calls, loop cut-off. Every problem is a 400 that names the field."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tokenmill.sampling_params import RepetitionDetection
@@ -84,10 +85,14 @@ def tools_to_force(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
 
 
 async def build_constraint(
-    compiler: GrammarCompiler, req: SamplingFields, forced_tools: list[dict[str, Any]] | None = None
+    compiler: Callable[[], Awaitable[GrammarCompiler]],
+    req: SamplingFields,
+    forced_tools: list[dict[str, Any]] | None = None,
 ) -> StructuredOutputsParams | None:
     """The request's output constraint, compiled once here (off the event loop, on a
-    large-stack thread) so that a bad one is a 400 before the engine sees it."""
+    large-stack thread) so that a bad one is a 400 before the engine sees it. `compiler`
+    gives the grammar compiler, built on first use: a request without a constraint never
+    waits for it."""
     found = requested_constraints(req)
     if forced_tools:
         # one forced call unless several were asked for explicitly
@@ -107,7 +112,7 @@ async def build_constraint(
         return None
     param, spec = found[0]
     try:
-        await compiler.acompile(spec)
+        await (await compiler()).acompile(spec)
     except GrammarError as e:
         raise bad_request(f"{param}: {e}", param) from e
     return spec

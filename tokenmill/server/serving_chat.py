@@ -73,7 +73,7 @@ async def create_chat_completion(
     )
     top = chat_logprobs(req)
     params = to_sampling_params(req, max_tokens, top, req.stream)
-    params.structured_outputs = await build_constraint(state.grammar_compiler, req, forced)
+    params.structured_outputs = await build_constraint(state.get_grammar_compiler, req, forced)
     params.repetition_detection = repetition_setting(req)
     completion_id = new_id("chatcmpl")
     record = AccessRecord(request_id, completion_id, "chat", len(prompt_ids))

@@ -45,7 +45,7 @@ async def create_completion(
         prompts = await off_loop(tokenize_prompts, req.prompt, engine.tokenizer)
     except ValueError as e:
         raise from_value_error(e) from e
-    constraint = await build_constraint(state.grammar_compiler, req)
+    constraint = await build_constraint(state.get_grammar_compiler, req)
     completion_id = new_id("cmpl")
     requests = []
     for i, (text, ids) in enumerate(prompts):
