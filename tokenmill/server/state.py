@@ -18,6 +18,7 @@ from tokenmill.engine.async_llm import AsyncLLM, QueueFullError, RequestFailedEr
 from tokenmill.engine.core_client import EngineDeadError
 from tokenmill.server.errors import APIError, from_value_error
 from tokenmill.server.metrics import ServerMetrics
+from tokenmill.server.responses.config import ResponseStoreConfig
 
 access_log = logging.getLogger("tokenmill.access")
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class ServerSettings:
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     # requests may ask for control-token strings in messages to be control tokens
     allow_special_tokens_in_content: bool = False
+    response_store: ResponseStoreConfig = ResponseStoreConfig()
 
 
 @dataclass
