@@ -16,6 +16,7 @@ from openai import BadRequestError, NotFoundError
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
+from tests.compat.common import WEATHER_SCHEMA
 from tests.hostile_inputs import nested_schema
 from tests.server.conftest import MODEL, start_server
 from tokenmill.server.database import Database
@@ -30,15 +31,6 @@ from tokenmill.server.responses.protocol import (
 from tokenmill.server.responses.store import ResponseStore
 
 ASK = "What is the weather in Paris, in celsius?"
-WEATHER_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 40},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
 WEATHER = {
     "type": "function",
     "name": "get_weather",

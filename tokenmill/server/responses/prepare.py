@@ -6,6 +6,8 @@ names the Responses field."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tokenmill.engine.async_llm import GenerationRequest
@@ -58,13 +60,18 @@ def not_found(response_id: str, param: str | None = None) -> APIError:
     )
 
 
-def _renamed(e: APIError) -> APIError:
-    param = _PARAMS.get(e.param or "", e.param)
-    message = e.message
-    for old, new in _PARAMS.items():
-        if message.startswith(f"{old}: "):
-            message = f"{new}: {message[len(old) + 2 :]}"
-    return APIError(e.status, message, e.type, param, e.code, e.headers)
+@contextmanager
+def _responses_params() -> Iterator[None]:
+    """Errors raised by the shared chat functions name the Responses request's fields."""
+    try:
+        yield
+    except APIError as e:
+        param = _PARAMS.get(e.param or "", e.param)
+        message = e.message
+        for old, new in _PARAMS.items():
+            if message.startswith(f"{old}: "):
+                message = f"{new}: {message[len(old) + 2 :]}"
+        raise APIError(e.status, message, e.type, param, e.code, e.headers) from e
 
 
 def check_modes(req: ResponsesRequest, store: ResponseStore | None) -> None:
@@ -86,58 +93,46 @@ async def prepare(
     owner: str,
     request_id: str,
 ) -> Prepared:
-    try:
-        return await _prepare(state, store, req, owner, request_id)
-    except APIError as e:
-        raise _renamed(e) from e
-
-
-async def _prepare(
-    state: ServerState,
-    store: ResponseStore | None,
-    req: ResponsesRequest,
-    owner: str,
-    request_id: str,
-) -> Prepared:
-    model = state.check_model(req.model)
-    state.check_accepting()
-    check_modes(req, store)
-    previous: list[Item] = []
-    if req.previous_response_id is not None:
-        assert store is not None
-        prev = await store.aget(req.previous_response_id, owner)
-        if prev is None:
-            raise not_found(req.previous_response_id, "previous_response_id")
-        if prev.status in ("queued", "in_progress"):
-            raise bad_request(
-                f"previous_response_id: response {prev.id} is still {prev.status}",
-                "previous_response_id",
-            )
-        previous = prev.context + prev.response["output"]
-    items = context_items(previous, input_items(req), req.truncation)
-    chat, prompt, prompt_ids, items = await _render(state, req, items, model)
-    engine = state.engine
-    forced = tools_to_force(chat)
-    max_tokens = resolve_max_tokens(
-        req.max_output_tokens, len(prompt_ids), engine.max_model_len, "max_output_tokens",
-        state.settings.default_max_tokens,
-    )  # fmt: skip
-    params = to_sampling_params(chat, max_tokens, None, req.stream)
-    params.structured_outputs = await build_constraint(state.grammar_compiler, chat, forced)
-    params.repetition_detection = repetition_setting(chat)
-    response_id = item_id("resp")
-    return Prepared(
-        obj=ResponseObject(response_id, echo(req, model)),
-        owner=owner,
-        store=req.store and store is not None,
-        context=items,
-        generation=GenerationRequest(
-            response_id, prompt_ids, params, prompt, req.priority, req.cache_salt
-        ),
-        parse_tools=request_tools(chat) is not None,
-        parallel=parallel_calls(chat),
-        record=AccessRecord(request_id, response_id, "responses", len(prompt_ids)),
-    )
+    with _responses_params():
+        model = state.check_model(req.model)
+        state.check_accepting()
+        check_modes(req, store)
+        previous: list[Item] = []
+        if req.previous_response_id is not None:
+            assert store is not None
+            prev = await store.aget(req.previous_response_id, owner)
+            if prev is None:
+                raise not_found(req.previous_response_id, "previous_response_id")
+            if prev.status in ("queued", "in_progress"):
+                raise bad_request(
+                    f"previous_response_id: response {prev.id} is still {prev.status}",
+                    "previous_response_id",
+                )
+            previous = prev.context + prev.response["output"]
+        items = context_items(previous, input_items(req), req.truncation)
+        chat, prompt, prompt_ids, items = await _render(state, req, items, model)
+        engine = state.engine
+        forced = tools_to_force(chat)
+        max_tokens = resolve_max_tokens(
+            req.max_output_tokens, len(prompt_ids), engine.max_model_len, "max_output_tokens",
+            state.settings.default_max_tokens,
+        )  # fmt: skip
+        params = to_sampling_params(chat, max_tokens, None, req.stream)
+        params.structured_outputs = await build_constraint(state.grammar_compiler, chat, forced)
+        params.repetition_detection = repetition_setting(chat)
+        response_id = item_id("resp")
+        return Prepared(
+            obj=ResponseObject(response_id, echo(req, model)),
+            owner=owner,
+            store=req.store and store is not None,
+            context=items,
+            generation=GenerationRequest(
+                response_id, prompt_ids, params, prompt, req.priority, req.cache_salt
+            ),
+            parse_tools=request_tools(chat) is not None,
+            parallel=parallel_calls(chat),
+            record=AccessRecord(request_id, response_id, "responses", len(prompt_ids)),
+        )
 
 
 async def _render(
