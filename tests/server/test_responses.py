@@ -344,9 +344,10 @@ def test_store_bounds_and_reopen(tmp_path):
 
 @pytest.mark.slow
 def test_responses_survive_a_restart_and_stay_with_their_key(tmp_path):
-    """~50 s: two server starts on one store file, with an API key."""
+    """~50 s: two server starts on one store file, with an API key; a background response
+    still running at shutdown ends as failed."""
     path = str(tmp_path / "store.sqlite3")
-    flags = ("--response-store", path, "--api-key", "key-a")
+    flags = ("--response-store", path, "--api-key", "key-a", "--drain-timeout", "1")
     headers = {"Authorization": "Bearer key-a"}
     srv = start_server(tmp_path, *flags)
     try:
@@ -355,6 +356,8 @@ def test_responses_survive_a_restart_and_stay_with_their_key(tmp_path):
         )
         assert r.status_code == 200, r.text
         before = r.json()
+        long = {"input": "Talk.", "max_output_tokens": 4000, "ignore_eos": True, "background": True}
+        running = httpx.post(f"{srv.v1}/responses", json=long, headers=headers).json()
     finally:
         assert srv.stop() == 0
     other = ResponseStore(Database(path), ResponseStoreConfig(path=path))
@@ -369,6 +372,9 @@ def test_responses_survive_a_restart_and_stay_with_their_key(tmp_path):
         r = httpx.post(f"{srv.v1}/responses", json=body, headers=headers)
         assert_error(r, 404, "previous_response_id")
         assert httpx.get(f"{srv.v1}/responses/{before['id']}").status_code == 401
+        got = httpx.get(f"{srv.v1}/responses/{running['id']}", headers=headers).json()
+        assert got["status"] == "failed" and got["error"]["code"] == "server_error"
+        strict_response(got)
     finally:
         assert srv.stop() == 0
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sqlite3
 from dataclasses import dataclass
 
-from tokenmill.server.database import MEMORY, default_database_path
+from tokenmill.server.database import MEMORY, Database, default_database_path
 
 OFF = "off"
 DAY_S = 86400.0
@@ -68,9 +69,17 @@ def add_response_store_args(p: argparse.ArgumentParser) -> None:
 
 
 def response_store_config(args: argparse.Namespace) -> ResponseStoreConfig:
-    return ResponseStoreConfig(
+    """The flags' store, its file checked now (a clear error before the engine starts)."""
+    config = ResponseStoreConfig(
         path=args.response_store,
         ttl_s=args.response_store_ttl,
         max_rows=args.response_store_max_rows,
         max_bytes=int(args.response_store_max_mib * 2**20),
     )
+    if config.enabled:
+        path = config.database_path()
+        try:
+            Database(path).close()
+        except (OSError, sqlite3.Error) as e:
+            raise ValueError(f"response-store: cannot open {path}: {e}") from e
+    return config
