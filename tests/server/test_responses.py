@@ -13,7 +13,7 @@ import httpx
 import jsonschema
 import pytest
 from openai import BadRequestError, NotFoundError
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
 from tests.compat.common import WEATHER_SCHEMA
@@ -44,6 +44,7 @@ PERSON = {
     "additionalProperties": False,
 }
 EVENTS = TypeAdapter(ResponseStreamEvent)
+ITEMS = TypeAdapter(ResponseItem)
 
 
 # ---------------------------------------------------------------- helpers
@@ -239,9 +240,13 @@ def test_tool_round_trip_with_previous_response_id(server, client):
     # the whole conversation was the prompt (the first turn's prompt is cached)
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     assert second.usage.input_tokens_details.cached_tokens > 0
-    items = client.responses.input_items.list(second.id, order="asc").data
+    page = httpx.get(f"{server.v1}/responses/{second.id}/input_items?order=asc", timeout=30)
+    items = [ITEMS.validate_python(item) for item in page.json()["data"]]
+    assert [extra_fields(i) for i in items] == [[], [], []]
     assert [i.type for i in items] == ["message", "function_call", "function_call_output"]
     assert items[1].call_id == call.call_id
+    listed = client.responses.input_items.list(second.id)  # newest first by default
+    assert [i.id for i in listed.data] == [i.id for i in reversed(items)]
 
 
 def test_json_schema_and_json_object_formats(client):
