@@ -95,25 +95,39 @@ def responses_run_config(server) -> agents.RunConfig:
     return agents.RunConfig(model_provider=provider, tracing_disabled=True)
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["run", "run_streamed"])
-def test_default_responses_model_calls_tool_and_answers(compat_server, stream):
-    """The whole loop on /v1/responses: the forced call, the tool's result sent back as a
-    function_call_output item, then the model's answer (tool_choice resets to auto)."""
-    calls: list[dict] = []
-    agent = agents.Agent(
+def responses_agent(calls: list[dict], **kwargs) -> agents.Agent:
+    return agents.Agent(
         name="weather",
         instructions="You answer weather questions by calling get_weather.",
         model=MODEL,
         tools=[weather_tool(calls)],
         model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=60),
+        **kwargs,
     )
+
+
+ASK = "What is the weather in Paris, in celsius?"
+
+
+def test_default_responses_model_calls_tool(compat_server):
+    calls: list[dict] = []
+    agent = responses_agent(calls, tool_use_behavior="stop_on_first_tool")
     config = responses_run_config(compat_server)
-    ask = "What is the weather in Paris, in celsius?"
+    result = asyncio.run(agents.Runner.run(agent, ASK, run_config=config))
+    args = check_args(calls[0], agent.tools[0].params_json_schema)
+    assert result.final_output == f"21 degrees {args['unit']} in {args['city']}"
+    assert result.raw_responses[0].response_id.startswith("resp_")
+
+
+def test_default_responses_model_streams_the_whole_tool_loop(compat_server):
+    """Streamed, the whole loop on /v1/responses: the forced call, the tool's result sent back
+    as a function_call_output item, then the model's answer (tool_choice resets to auto)."""
+    calls: list[dict] = []
+    agent = responses_agent(calls)
+    config = responses_run_config(compat_server)
 
     async def run():
-        if not stream:
-            return await agents.Runner.run(agent, ask, run_config=config, max_turns=4)
-        result = agents.Runner.run_streamed(agent, ask, run_config=config, max_turns=4)
+        result = agents.Runner.run_streamed(agent, ASK, run_config=config, max_turns=4)
         async for _ in result.stream_events():
             pass
         return result
