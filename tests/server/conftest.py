@@ -51,6 +51,8 @@ class ServerProcess:
 def start_server(tmp_path, *extra: str, ready_timeout: float = 180) -> ServerProcess:
     port = free_port()
     log_path = str(tmp_path / f"server-{port}.log")
+    if "--response-store" not in extra:  # never the user's own database
+        extra = ("--response-store", str(tmp_path / f"responses-{port}.sqlite3"), *extra)
     cmd = [
         sys.executable, "-m", "tokenmill.cli", "--log-level", "INFO", "serve",
         "--port", str(port), "--kv-cache-memory", "0.5", *extra,

@@ -259,6 +259,27 @@ CASES = [
     ("unknown-endpoint", "GET", "/v1/engines", None, None, 404, None),
     ("detokenize-bad-id", "POST", "/detokenize", {"tokens": [-1]}, None, 400, "tokens.0"),
     ("tokenize-nothing", "POST", "/tokenize", {}, None, 400, "prompt"),
+    ("responses-bad-json", "POST", "/v1/responses", b'{"input": [', None, 400, None),
+    ("responses-missing-input", "POST", "/v1/responses", {"model": MODEL}, None, 400, "input"),
+    (
+        "responses-unknown-item",
+        "POST",
+        "/v1/responses",
+        {"model": MODEL, "input": [{"type": "web_search_call", "id": "x"}]},
+        None,
+        400,
+        "input.0",
+    ),
+    (
+        "responses-wrong-content-type",
+        "POST",
+        "/v1/responses",
+        b"input=hi",
+        {"content-type": "text/plain"},
+        415,
+        None,
+    ),
+    ("responses-unknown-id", "GET", "/v1/responses/resp_0", None, None, 404, None),
 ]
 
 

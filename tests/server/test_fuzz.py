@@ -129,11 +129,25 @@ def _stream_problems(text: str, cut_short: bool) -> list[str]:
             chunk = json.loads(event)
         except ValueError:
             return [f"a stream event is not JSON: {event[:200]}"]
-        if isinstance(chunk, dict) and "error" in chunk:
+        if isinstance(chunk, dict) and ("error" in chunk or chunk.get("type") in _FAILED):
             return [f"the stream failed after 200: {event[:500]}"]
-    if not cut_short and (not data or data[-1] != "[DONE]"):
-        return ["the stream does not end with data: [DONE]"]
+    if not cut_short and (not data or not _stream_end(data[-1])):
+        return ["the stream does not end with data: [DONE] (or a final Responses event)"]
     return []
+
+
+_FAILED = ("error", "response.failed")  # Responses' failure events
+
+
+def _stream_end(event: str) -> bool:
+    """[DONE] (chat, completions), or a Responses stream's last event."""
+    if event == "[DONE]":
+        return True
+    try:
+        kind = json.loads(event).get("type")
+    except (ValueError, AttributeError):
+        return False
+    return kind in ("response.completed", "response.incomplete")
 
 
 ERROR = b'{"error": {"message": "m", "type": "invalid_request_error", "param": null, "code": null}}'
@@ -154,6 +168,15 @@ SSE = {"content-type": "text/event-stream; charset=utf-8"}
         (200, SSE, b'data: {"t": "a"}\n\n', True, False),
         (200, SSE, b"data: {}\n\ndata: " + ERROR + b"\n\ndata: [DONE]\n\n", False, True),
         (200, {"content-type": "application/json"}, b"{", False, True),
+        (
+            200,
+            SSE,
+            b'event: response.completed\ndata: {"type": "response.completed"}\n\n',
+            False,
+            False,
+        ),
+        (200, SSE, b'event: response.failed\ndata: {"type": "response.failed"}\n\n', False, True),
+        (200, SSE, b'data: {"type": "response.output_text.delta"}\n\n', False, True),
     ],
 )
 def test_contract_checker(status, headers, content, cut_short, fails):

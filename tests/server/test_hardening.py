@@ -120,10 +120,15 @@ def test_out_of_range_fields_are_400(server, changes, param):
         ("/v1/completions", json.dumps({"model": MODEL, "prompt": [[]]})),
         ("/v1/completions", json.dumps({"model": MODEL, "prompt": ["ok", ""]})),
         ("/tokenize", json.dumps({"messages": []})),
+        ("/v1/responses", '{"input": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+        ("/v1/responses", json.dumps({"input": "a\ud800b"})),
+        ("/v1/responses", json.dumps({"input": "hi", "temperature": 0.5}).replace("0.5", "NaN")),
+        ("/v1/responses", json.dumps({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}] * 300}]})),
     ],
     ids=["deep-array", "deep-extra-field", "nan", "huge-int", "lone-surrogate",
          "lone-surrogate-chat", "no-prompt",
-         "empty-ids", "empty-string", "tokenize-no-messages"],
+         "empty-ids", "empty-string", "tokenize-no-messages", "responses-deep-input",
+         "responses-lone-surrogate", "responses-nan", "responses-too-many-parts"],
 )  # fmt: skip
 def test_malformed_bodies_are_400_not_500(server, path, raw):
     assert_400(post(server, path, raw))

@@ -138,3 +138,15 @@ def test_malformed_call_stays_content():
     assert cut_late.content == "x " and [
         (c.name, c.arguments, c.complete, c.valid) for c in cut_late.tool_calls
     ] == [("f", '{"a": [1, 2', False, False)]
+
+
+def test_a_malformed_call_stays_content_with_its_end_tag_in_any_chunking():
+    """Found by the Responses output builder's property test: fed whole, the end tag of a
+    call that is not a call was dropped from the content (fed in pieces, it was kept)."""
+    text = '<tool_call>{"nme": 1}</tool_call> not a call'
+    for cut in range(len(text) + 1):
+        parser = ToolCallParser()
+        parser.feed(text[:cut])
+        parser.feed(text[cut:])
+        parser.finish()
+        assert parser.result().content == text and parser.result().tool_calls == []

@@ -27,6 +27,8 @@ from tokenmill.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from tokenmill.server.responses.routes import REQUEST_BODIES as RESPONSES_BODIES
+from tokenmill.server.responses.routes import add_response_routes
 from tokenmill.server.serving_chat import create_chat_completion, render_prompt
 from tokenmill.server.serving_completion import create_completion
 from tokenmill.server.state import (
@@ -45,6 +47,7 @@ REQUEST_BODIES = {
     "/v1/completions": CompletionRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
+    **RESPONSES_BODIES,
 }
 
 
@@ -276,6 +279,7 @@ def build_app(
             },
         }
 
+    add_response_routes(app, state)
     add_request_bodies(app, REQUEST_BODIES)
     return app
 

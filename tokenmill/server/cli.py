@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from tokenmill.engine.arg_utils import build_engine_config, engine_kwargs
 from tokenmill.engine.startup import StartupProfile
+from tokenmill.server.responses.config import add_response_store_args, response_store_config
 from tokenmill.server.settings import (
     API_KEY_ENV,
     DEFAULT_MAX_TOKENS,
@@ -68,6 +69,7 @@ def add_serve_parser(sub, add_engine_args) -> None:
     p.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds to finish requests on SIGTERM"
     )
+    add_response_store_args(p)
     add_engine_args(p)
     p.set_defaults(func=cmd_serve)
 
@@ -81,6 +83,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         max_body_bytes=args.max_request_body,
         default_max_tokens=args.default_max_tokens,
         allow_special_tokens_in_content=args.allow_special_tokens_in_content,
+        response_store=response_store_config(args),
     )
 
 

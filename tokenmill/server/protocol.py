@@ -122,21 +122,13 @@ StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 StopType = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None
 
 
-class SamplingFields(APIModel):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+class SamplingKnobs(APIModel):
+    """Sampling knobs every generation endpoint takes (chat, completions, responses)."""
 
-    model: str
-    n: int = Field(1, ge=1, le=MAX_N)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     stop: StopType = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
     # extensions (as vLLM)
     top_k: int = Field(0, ge=-1, le=INT32_MAX)  # and <= the vocabulary (checked with the model)
     min_p: float = Field(0.0, ge=0, le=1)
@@ -148,13 +140,27 @@ class SamplingFields(APIModel):
     include_stop_str_in_output: bool = False
     priority: int = Field(0, ge=-INT32_MAX, le=INT32_MAX)
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    repetition_detection: bool | RepetitionDetectionRequest | None = None
+
+
+class SamplingFields(SamplingKnobs):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # extensions (as vLLM)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    repetition_detection: bool | RepetitionDetectionRequest | None = None
 
     @field_validator("logit_bias")
     @classmethod

@@ -56,6 +56,13 @@ def finish_reason(engine_reason: str | None, has_calls: bool) -> str | None:
     return "tool_calls" if has_calls and engine_reason == "stop" else engine_reason
 
 
+def parallel_calls(req: ChatCompletionRequest) -> bool:
+    """Several calls are returned unless a single one was asked for (or forced)."""
+    return req.parallel_tool_calls is True or (
+        req.parallel_tool_calls is None and req.tool_choice in (None, "auto")
+    )
+
+
 async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, raw: Request, request_id: str
 ):
@@ -112,10 +119,7 @@ class _ChatOutput:
         self.created = int(time.time())
         self.parse_tools = parse_tools
         self.top = top
-        # several calls are returned unless a single one was asked for (or forced)
-        self.parallel = req.parallel_tool_calls is True or (
-            req.parallel_tool_calls is None and req.tool_choice in (None, "auto")
-        )
+        self.parallel = parallel_calls(req)
 
     def _logprobs(self, c: CompletionOutput) -> dict[str, Any] | None:
         if self.top is None or not c.logprobs:

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenmill.server.responses.config import ResponseStoreConfig
+
 API_KEY_ENV = "TOKENMILL_API_KEY"
 DEFAULT_MAX_TOKENS = 2048
 # Paths served without the API key unless configured otherwise (--open-path).
@@ -23,6 +25,7 @@ class ServerSettings:
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     # requests may ask for control-token strings in messages to be control tokens
     allow_special_tokens_in_content: bool = False
+    response_store: ResponseStoreConfig = ResponseStoreConfig()
 
 
 def resolve_api_key(

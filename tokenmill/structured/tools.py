@@ -324,14 +324,13 @@ class ToolCallParser:
         self.scanner = None
 
     def _abandon_call(self, events: list[Event], rest: str = "") -> bool:
-        """Not a well-formed call: its text is content after all."""
+        """Not a well-formed call: its text (up to `rest`, the text after it) is content."""
         if self.name_sent:  # already announced: close it with what we have
             self.calls.append(ToolCall(self._name() or "", "{}", False))
             self.index += 1
         else:
-            self._emit_content(
-                events, START_TAG + self.call_raw + (self.after_object if not rest else "")
-            )
+            consumed = self.after_object[: len(self.after_object) - len(rest)]
+            self._emit_content(events, START_TAG + self.call_raw + consumed)
         self.in_call = False
         self.scanner = None
         self.buffer = rest + self.buffer
