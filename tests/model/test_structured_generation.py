@@ -16,9 +16,9 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "jsonschemabench-sample"
 
 def representative_schemas(compiler: GrammarCompiler) -> list[tuple[str, dict]]:
     """Function-argument schemas (Glaive, BFCL: what tool calling sends) and handwritten edge
-    cases, every third that compiles."""
+    cases, a spread of those that compile (the server and unit suites cover the rest)."""
     picked = []
-    for prefix, step in (("Glaiveai2K", 5), ("BFCL_simple", 3), ("Handwritten", 4)):
+    for prefix, step in (("Glaiveai2K", 10), ("BFCL_simple", 6), ("Handwritten", 8)):
         for path in sorted(SAMPLE.glob(f"{prefix}*"))[::step]:
             schema = json.loads(path.read_text())["schema"]
             if not isinstance(schema, dict):
@@ -35,7 +35,7 @@ def test_generated_json_validates(embedded_llm):
     tok = embedded_llm.get_tokenizer()
     compiler = GrammarCompiler(tok, tok.vocab_size)
     schemas = representative_schemas(compiler)
-    assert len(schemas) >= 10
+    assert len(schemas) >= 6
     prompts, params, meta = [], [], []
     for name, schema in schemas:
         _, ids = embedded_llm.engine.processor.render_chat(

@@ -104,6 +104,7 @@ def test_abort_frees_blocks_mid_generation(tiny_llama_dir):
     assert core.kv_manager.num_free_blocks == core.num_blocks
 
 
+@pytest.mark.slow  # the default (native) weights' batch invariance stays in the default run
 def test_int8_batch_of_32_matches_alone(tiny_llama_dir):
     """W8A8 stays batch-invariant: exact integer GEMMs (native kernel for few rows,
     torch._int_mm for many) and per-row activation scales."""
