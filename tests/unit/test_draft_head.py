@@ -46,7 +46,7 @@ def trained(target, sequences, tmp_path_factory):
     head = DraftHead(cfg.hidden_size, 2 * cfg.hidden_size, vocab)
     head.load_state_dict(untrained.state_dict())
     data = T.collect(target, train_seqs)
-    losses = T.train(head, readout, data, epochs=40, lr=3e-3, batch_size=64)
+    losses = T.train(head, readout, data, epochs=24, lr=4e-3, batch_size=64)
     path = tmp_path_factory.mktemp("head") / "head.safetensors"
     head.save(path, "tiny", model_fingerprint(model), cfg.vocab_size)
     return head, untrained, readout, losses, path
