@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import Iterator
 
+from tokenmill.config_file import add_config_option, expand_config
 from tokenmill.engine.arg_utils import add_engine_args, engine_kwargs
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
@@ -151,7 +152,19 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_router_parsers(sub, add_engine_args)
+    for command in config_commands(parser).values():
+        add_config_option(command)
     return parser
+
+
+def config_commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The commands `--config FILE` applies to: those without subcommands of their own."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        name: command
+        for name, command in sub.choices.items()
+        if not any(isinstance(a, argparse._SubParsersAction) for a in command._actions)
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +172,13 @@ def main(argv: list[str] | None = None) -> int:
 
     profile = StartupProfile("api")  # from the moment the process was created
     profile.mark("interpreter")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    try:
+        argv = expand_config(sys.argv[1:] if argv is None else list(argv), config_commands(parser))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
