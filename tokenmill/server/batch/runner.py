@@ -191,7 +191,14 @@ class BatchRunner:
                     await asyncio.sleep(_BUSY_RETRY_S)
             line = result_line(item.custom_id, result.status_code, request_id, result.body)
             ok = result.status_code == 200
-            await asyncio.shield(off_loop(self.store.record, batch_id, item.line, ok, dumps(line)))
+            write = asyncio.ensure_future(
+                off_loop(self.store.record, batch_id, item.line, ok, dumps(line))
+            )
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:  # the answer is logged: it is recorded too
+                await write
+                raise
         except Exception:
             logger.exception("batch %s line %d: its result was not recorded", batch_id, item.line)
             self.interrupted[batch_id].set()
