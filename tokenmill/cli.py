@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_speculator_parser(sub)
 
     add_serve_parser(sub, add_engine_args)
+    from tokenmill.server.batch.offline import add_batch_parser
+
+    add_batch_parser(sub, add_engine_args)
     try:
         from tokenmill.bench.cli import add_bench_parser
     except ImportError:  # the benchmark harness is optional

@@ -18,6 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import tokenmill
 from tokenmill.engine.async_llm import AsyncLLM
 from tokenmill.server.auth import APIKeyMiddleware
+from tokenmill.server.batch.routes import REQUEST_BODIES as BATCH_BODIES
+from tokenmill.server.batch.routes import add_batch_routes
 from tokenmill.server.body import parse_body, validation_error
 from tokenmill.server.errors import APIError, bad_request, error_body
 from tokenmill.server.openapi import add_request_bodies
@@ -48,6 +50,7 @@ REQUEST_BODIES = {
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
     **RESPONSES_BODIES,
+    **BATCH_BODIES,
 }
 
 
@@ -280,6 +283,7 @@ def build_app(
         }
 
     add_response_routes(app, state)
+    add_batch_routes(app, state)
     add_request_bodies(app, REQUEST_BODIES)
     return app
 

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from tokenmill.engine.arg_utils import build_engine_config, engine_kwargs
 from tokenmill.engine.startup import StartupProfile
+from tokenmill.server.batch.config import add_batch_args, batch_config
 from tokenmill.server.responses.config import add_response_store_args, response_store_config
 from tokenmill.server.settings import (
     API_KEY_ENV,
@@ -70,7 +71,11 @@ def add_serve_parser(sub, add_engine_args) -> None:
         "--drain-timeout", type=float, default=30.0, help="seconds to finish requests on SIGTERM"
     )
     add_response_store_args(p)
+    add_batch_args(p)
     add_engine_args(p)
+    # batch lines run below interactive requests: the priority policy admits those first and
+    # preempts batch lines first (with equal priorities it is first-come-first-served)
+    p.set_defaults(scheduling_policy="priority")
     p.set_defaults(func=cmd_serve)
 
 
@@ -84,6 +89,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         default_max_tokens=args.default_max_tokens,
         allow_special_tokens_in_content=args.allow_special_tokens_in_content,
         response_store=response_store_config(args),
+        batch=batch_config(args),
     )
 
 

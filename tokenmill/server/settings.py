@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenmill.server.batch.config import BatchConfig
 from tokenmill.server.responses.config import ResponseStoreConfig
 
 API_KEY_ENV = "TOKENMILL_API_KEY"
@@ -26,6 +27,7 @@ class ServerSettings:
     # requests may ask for control-token strings in messages to be control tokens
     allow_special_tokens_in_content: bool = False
     response_store: ResponseStoreConfig = ResponseStoreConfig()
+    batch: BatchConfig = BatchConfig(path="off")  # `serve` turns it on (server/batch/config.py)
 
 
 def resolve_api_key(
