@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_quant_parser(sub)
     from tokenmill.spec.cli import add_speculator_parser
+    from tokenmill.tune.cli import add_tune_parser
 
     add_speculator_parser(sub)
 
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_bench_parser(sub)
+        add_tune_parser(sub)
     try:
         from tokenmill.router.cli import add_router_parsers
     except ImportError:  # the cluster layer is optional

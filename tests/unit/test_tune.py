@@ -46,7 +46,7 @@ def test_frontier_and_pick():
 def run_tune(store: TrialStore, space: SearchSpace, limit: int | None = None) -> int:
     n = 0
     while limit is None or n < limit:
-        config = next_config(space, store.latest())
+        config = next_config(space, store.measured())
         if config is None:
             break
         store.add(synthetic(config))
@@ -63,7 +63,7 @@ def test_search_finds_the_slo_optimum_with_fewer_trials_than_the_grid(tmp_path):
     space = SearchSpace.from_mapping(SPACE)
     store = TrialStore(tmp_path / "trials.jsonl")
     n = run_tune(store, space)
-    measured = store.latest()
+    measured = store.measured()
     assert len(measured) == n  # nothing measured twice
     assert all(config_key(space.config(i)) in measured for i in space.coarse_indices())
     assert n < space.size / 2, (n, space.size)
@@ -84,7 +84,7 @@ def test_an_interrupted_tune_resumes_without_repeating_a_trial(tmp_path):
     assert len(keys) == len(set(keys)) == 7 + n
     uninterrupted = TrialStore(tmp_path / "again.jsonl")
     run_tune(uninterrupted, space)
-    assert set(uninterrupted.latest()) == set(keys)  # the same search, resumed
+    assert set(uninterrupted.measured()) == set(keys)  # the same search, resumed
 
 
 def test_space_parsing_and_argv():

@@ -65,6 +65,17 @@ def add_bench_parser(sub) -> None:
         help="add a llama-server row on another file, e.g. an F16 GGUF (repeatable)",
     )  # fmt: skip
     c.add_argument("--baseline", default=None, help="target the ratios divide by")
+    add_load_and_workload_args(p)
+    o = p.add_argument_group("output")
+    o.add_argument("--slo", default=None, help="goodput SLOs, e.g. ttft=500ms,tpot=50ms")
+    o.add_argument("--output-dir", default=None, help="default ./bench-results/<timestamp>")
+    o.add_argument("--no-plots", action="store_true")
+    o.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+
+def add_load_and_workload_args(p: argparse.ArgumentParser) -> None:
+    """The load and workload flags (shared with `tokenmill tune`, which runs this harness)."""
     ld = p.add_argument_group("load")
     ld.add_argument(
         "--load", default=None,
@@ -109,12 +120,6 @@ def add_bench_parser(sub) -> None:
     w.add_argument("--dataset", default=None, help="JSONL prompts or trace file")
     w.add_argument("--trace-time-unit", choices=["s", "ms"], default="s")
     w.add_argument("--trace-speedup", type=float, default=1.0)
-    o = p.add_argument_group("output")
-    o.add_argument("--slo", default=None, help="goodput SLOs, e.g. ttft=500ms,tpot=50ms")
-    o.add_argument("--output-dir", default=None, help="default ./bench-results/<timestamp>")
-    o.add_argument("--no-plots", action="store_true")
-    o.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=cmd_bench)
 
 
 def _rows_in(path: str | None) -> int:

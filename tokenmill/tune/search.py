@@ -12,7 +12,7 @@ from tokenmill.tune.trials import Trial
 def next_config(
     space: SearchSpace, done: dict[str, Trial], attainment: float = 0.9
 ) -> Config | None:
-    """`done`: the measured configurations by key (TrialStore.latest())."""
+    """`done`: the measured configurations by key (TrialStore.measured())."""
     for index in space.coarse_indices():
         config = space.config(index)
         if config_key(config) not in done:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+import statistics
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,28 @@ class TrialStore:
             os.fsync(f.fileno())
         self.trials.append(trial)
 
-    def latest(self) -> dict[str, Trial]:
-        """Per configuration, its last attempt."""
-        out: dict[str, Trial] = {}
+    def attempts(self) -> dict[str, list[Trial]]:
+        out: dict[str, list[Trial]] = {}
         for t in self.trials:
-            out[t.key] = t
+            out.setdefault(t.key, []).append(t)
         return out
+
+    def measured(self) -> dict[str, Trial]:
+        """Per configuration, its runs combined: median throughputs (of the runs on a clean
+        machine, if any), the lowest SLO attainment, the last run's figures."""
+        return {key: combined(runs) for key, runs in self.attempts().items()}
+
+
+def combined(runs: list[Trial]) -> Trial:
+    if len(runs) == 1:
+        return runs[0]
+    clean = [r for r in runs if r.clean] or runs
+    attainments = [r.slo_attainment for r in runs if r.slo_attainment is not None]
+    return replace(
+        runs[-1],
+        per_user=statistics.median(r.per_user for r in clean),
+        total=statistics.median(r.total for r in clean),
+        slo_attainment=min(attainments) if attainments else None,
+        clean=any(r.clean for r in runs),
+        attempt=len(runs),
+    )

@@ -1,0 +1,191 @@
+"""`tokenmill tune`: measures serve configurations on a workload with the benchmark harness
+(the defaults first, then a coarse grid, then around the frontier), within a time budget;
+picks the best configuration meeting the SLO, writes it as a `serve --config` file and an
+HTML report. Trials are stored as they finish: the same command resumes."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import shlex
+import sys
+import time
+from pathlib import Path
+
+DEFAULTS: dict = {}  # the defaults' configuration: no flags
+
+
+def add_tune_parser(sub) -> None:
+    from tokenmill.bench.cli import add_load_and_workload_args
+
+    p = sub.add_parser(
+        "tune",
+        help="sweep serve settings on a workload, draw the latency/throughput frontier, "
+        "pick the best configuration meeting an SLO",
+    )
+    add_load_and_workload_args(p)
+    p.set_defaults(concurrency="32", seed=0, warmup=1)
+    t = p.add_argument_group("tune")
+    t.add_argument(
+        "--trace", default=None, metavar="FILE", help="= --workload trace --dataset FILE"
+    )
+    t.add_argument("--slo", default=None, help="e.g. ttft=2s,tpot=100ms (bench's --slo)")
+    t.add_argument(
+        "--slo-attainment", type=float, default=0.9,
+        help="share of requests that must meet the SLO (default 0.9)",
+    )  # fmt: skip
+    t.add_argument("--budget-minutes", type=float, default=30.0)
+    t.add_argument("--max-trials", type=int, default=None)
+    t.add_argument(
+        "--space", default=None, metavar="FILE",
+        help="YAML/JSON/TOML mapping of serve flags to candidate lists (default: "
+        "max-num-seqs, max-num-batched-tokens, weights)",
+    )  # fmt: skip
+    t.add_argument("--model", default=None, help="model path (default: the embedded model)")
+    t.add_argument("--endpoint", choices=["chat", "completions"], default="completions")
+    t.add_argument("--serve-args", default="", help="serve flags fixed for every trial")
+    t.add_argument(
+        "--repeat-chosen", type=int, default=2,
+        help="extra runs of the chosen configuration, for the run-to-run spread",
+    )  # fmt: skip
+    t.add_argument("--output-dir", default=None, help="default ./tune-results/<timestamp>")
+    t.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from tokenmill.bench.cli import build_plan
+    from tokenmill.bench.config import SLO
+    from tokenmill.bench.execute import RunOptions
+    from tokenmill.config_file import load_config_file
+    from tokenmill.tune.frontier import pick
+    from tokenmill.tune.report import TuneOutcome, write_report
+    from tokenmill.tune.runner import TrialRunner
+    from tokenmill.tune.search import next_config
+    from tokenmill.tune.space import SearchSpace, config_argv, config_key
+    from tokenmill.tune.trials import TrialStore
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    if args.trace:
+        args.workload, args.dataset = "trace", args.trace
+    if not 0 < args.slo_attainment <= 1:
+        raise ValueError("slo-attainment: must be in (0, 1]")
+    if args.budget_minutes <= 0:
+        raise ValueError("budget-minutes: must be > 0")
+    space = SearchSpace.from_mapping(load_config_file(args.space)) if args.space else (
+        SearchSpace.default()
+    )  # fmt: skip
+    slo = SLO.parse(args.slo)
+    plan = build_plan(args)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.output_dir or Path("tune-results") / stamp)
+    out.mkdir(parents=True, exist_ok=True)
+    store = TrialStore(out / "trials.jsonl")
+    if store.trials:
+        console.print(f"resuming: {len(store.trials)} trials in {store.path}")
+    options = RunOptions(
+        slo=slo, seed=args.seed, warmup=args.warmup, max_duration_s=args.max_duration,
+        turn_delay_s=args.turn_delay, progress=not args.no_progress,
+        wait_idle_s=args.wait_idle, retry_busy=args.retry_busy,
+    )  # fmt: skip
+    runner = TrialRunner(
+        plan, options, args.model, out / "logs", console, args.endpoint,
+        tuple(shlex.split(args.serve_args)),
+    )  # fmt: skip
+
+    def measure(config: dict, attempt: int = 1) -> None:
+        trial = runner.run(config, attempt)
+        if not trial.clean and attempt == 1:  # busy machine: once more before flagging it
+            console.print(f"[yellow]busy machine ({trial.background_cores:.2f} cores): again")
+            trial = runner.run(config, 2)
+        store.add(trial)
+        console.print(
+            f"trial {len(store.trials)}: {' '.join(config_argv(config)) or '(defaults)'} -> "
+            f"{trial.total:.1f} tok/s total, {trial.per_user:.1f} per user, SLO attainment "
+            f"{trial.slo_attainment}, background {trial.background_cores}"
+        )
+
+    started = time.monotonic()
+    spent: list[float] = []
+
+    def time_left() -> bool:
+        elapsed = (time.monotonic() - started) / 60
+        expected = sum(spent) / len(spent) / 60 if spent else 0.0
+        within = args.max_trials is None or len(store.measured()) < args.max_trials
+        return within and elapsed + expected <= args.budget_minutes
+
+    defaults_key = config_key(DEFAULTS)
+    while time_left():
+        done = store.measured()
+        config = DEFAULTS if defaults_key not in done else next_config(
+            space, {k: t for k, t in done.items() if k != defaults_key}, args.slo_attainment
+        )  # fmt: skip
+        if config is None:
+            break
+        t0 = time.monotonic()
+        measure(config)
+        spent.append(time.monotonic() - t0)
+    trials = store.measured()
+    chosen = pick([t.point() for t in trials.values()], args.slo_attainment)
+    # the chosen point runs again for its spread; if its median moves another point ahead,
+    # that one runs again too (bounded), so a resumed tune ends where this one does
+    for _ in range(len(trials) * args.repeat_chosen):
+        runs = len(store.attempts()[chosen.key]) if chosen is not None else 0
+        if chosen is None or runs >= 1 + args.repeat_chosen:
+            break
+        measure(trials[chosen.key].config, attempt=runs + 1)
+        trials = store.measured()
+        chosen = pick([t.point() for t in trials.values()], args.slo_attainment)
+    config_path = None
+    if chosen is not None:
+        config_path = out / "best.yaml"
+        write_config(
+            config_path, [*runner.extra_serve_args, *config_argv(trials[chosen.key].config)]
+        )
+    outcome = TuneOutcome(
+        trials=trials, attempts=store.attempts(), defaults_key=defaults_key,
+        chosen_key=chosen.key if chosen else None,
+        workload=(
+            f"{args.workload} workload, concurrency {args.concurrency}, input {args.input_len} "
+            f"/ output {args.output_len} tokens"
+        ),
+        slo=args.slo or "", attainment=args.slo_attainment,
+        command=shlex.join(["tokenmill", *sys.argv[1:]]), config_path=config_path,
+    )  # fmt: skip
+    report = write_report(outcome, out)
+    console.print(f"report: {report}")
+    if config_path is None:
+        console.print("[red]no configuration met the SLO[/]")
+        return 1
+    console.print(f"chosen configuration: {config_path} (tokenmill serve --config {config_path})")
+    return 0
+
+
+def write_config(path: Path, serve_argv: list[str]) -> None:
+    """The chosen flags as a `serve --config` file (YAML: flag names without dashes in
+    front; a switch as true)."""
+    import yaml
+
+    values: dict = {}
+    i = 0
+    while i < len(serve_argv):
+        flag = serve_argv[i].removeprefix("--")
+        if i + 1 < len(serve_argv) and not serve_argv[i + 1].startswith("--"):
+            values[flag] = _value(serve_argv[i + 1])
+            i += 2
+        else:
+            values[flag] = True
+            i += 1
+    text = "# written by tokenmill tune: tokenmill serve --config " + path.name + "\n"
+    path.write_text(text + (yaml.safe_dump(values, sort_keys=False) if values else "{}\n"))
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            continue
+    return text
