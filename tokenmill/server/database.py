@@ -20,6 +20,15 @@ def default_database_path() -> Path:
     return cache_root() / "server.sqlite3"
 
 
+def check_database(path: str | Path, flag: str) -> None:
+    """Opens the file now: a clear start-up error (naming the flag) instead of a failing
+    first request."""
+    try:
+        Database(path).close()
+    except (OSError, sqlite3.Error) as e:
+        raise ValueError(f"{flag}: cannot open {path}: {e}") from e
+
+
 class Database:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)

@@ -36,25 +36,18 @@ class ServerState:
     _compiler: Any = None
     _compiler_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    @property
-    def grammar_compiler(self):
-        """Validates output constraints in the API process (400 before the engine sees them);
-        `serve` builds it while the engine core loads, others on first use."""
-        if self._compiler is None:
-            from tokenmill.structured.grammar import GrammarCompiler
-
-            self._compiler = GrammarCompiler(
-                self.engine.tokenizer, self.engine.engine_info["vocab_size"]
-            )
-        return self._compiler
-
     async def get_grammar_compiler(self):
-        """The grammar compiler, built off the event loop on first use (it takes a few
-        tenths of a second: the llguidance tokenizer over the whole vocabulary)."""
+        """Validates output constraints in the API process (400 before the engine sees
+        them): built off the event loop by the first request with a constraint (a few tenths
+        of a second: the llguidance tokenizer over the whole vocabulary)."""
         if self._compiler is None:
             async with self._compiler_lock:
                 if self._compiler is None:
-                    self._compiler = await off_loop(lambda: self.grammar_compiler)
+                    from tokenmill.structured.grammar import GrammarCompiler
+
+                    tokenizer = self.engine.tokenizer
+                    vocab_size = self.engine.engine_info["vocab_size"]
+                    self._compiler = await off_loop(GrammarCompiler, tokenizer, vocab_size)
         return self._compiler
 
     @property

@@ -4,11 +4,10 @@ push the engine, and the `serve` flags that set it."""
 from __future__ import annotations
 
 import argparse
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenmill.server.database import MEMORY, Database, default_database_path
+from tokenmill.server.database import MEMORY, check_database, default_database_path
 
 OFF = "off"
 MIB = 1 << 20
@@ -109,10 +108,9 @@ def batch_config(args: argparse.Namespace) -> BatchConfig:
         priority=args.batch_priority,
     )
     if config.enabled:
-        db_path = config.database_path()
+        check_database(config.database_path(), "batch-store")
         try:
-            Database(db_path).close()
             config.files_path().mkdir(parents=True, exist_ok=True)
-        except (OSError, sqlite3.Error) as e:
-            raise ValueError(f"batch-store: cannot open {db_path}: {e}") from e
+        except OSError as e:
+            raise ValueError(f"batch-store: cannot open {config.database_path()}: {e}") from e
     return config

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sqlite3
 from dataclasses import dataclass
 
-from tokenmill.server.database import MEMORY, Database, default_database_path
+from tokenmill.server.database import MEMORY, check_database, default_database_path
 
 OFF = "off"
 DAY_S = 86400.0
@@ -77,9 +76,5 @@ def response_store_config(args: argparse.Namespace) -> ResponseStoreConfig:
         max_bytes=int(args.response_store_max_mib * 2**20),
     )
     if config.enabled:
-        path = config.database_path()
-        try:
-            Database(path).close()
-        except (OSError, sqlite3.Error) as e:
-            raise ValueError(f"response-store: cannot open {path}: {e}") from e
+        check_database(config.database_path(), "response-store")
     return config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import AfterValidator, Discriminator, Field, Tag
 
 from tokenmill.server.protocol import INT32_MAX, APIModel, FunctionDefinition, SamplingKnobs
 
@@ -17,6 +17,21 @@ MAX_TOOLS = 128
 MAX_METADATA = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
+
+
+def check_metadata(v: dict[str, str]) -> dict[str, str]:
+    """OpenAI's limits on `metadata` (responses, batches)."""
+    if len(v) > MAX_METADATA:
+        raise ValueError(f"at most {MAX_METADATA} pairs, got {len(v)}")
+    for key, value in v.items():
+        if not 0 < len(key) <= MAX_METADATA_KEY:
+            raise ValueError(f"keys must be 1 to {MAX_METADATA_KEY} characters")
+        if len(value) > MAX_METADATA_VALUE:
+            raise ValueError(f"values must be at most {MAX_METADATA_VALUE} characters")
+    return v
+
+
+Metadata = Annotated[dict[str, str], AfterValidator(check_metadata)]
 RESPONSE_ID = r"^resp_[A-Za-z0-9]{1,64}$"
 ITEM_ID = r"^[A-Za-z0-9_\-]{1,128}$"
 
@@ -175,24 +190,10 @@ class ResponsesRequest(SamplingKnobs):
     tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
     store: bool = True
     previous_response_id: Annotated[str, Field(pattern=RESPONSE_ID)] | None = None
     truncation: Literal["auto", "disabled"] = "disabled"
     background: bool = False
     stream: bool = False
-
-    @field_validator("metadata")
-    @classmethod
-    def _check_metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        if v is None:
-            return v
-        if len(v) > MAX_METADATA:
-            raise ValueError(f"at most {MAX_METADATA} pairs, got {len(v)}")
-        for key, value in v.items():
-            if not 0 < len(key) <= MAX_METADATA_KEY:
-                raise ValueError(f"keys must be 1 to {MAX_METADATA_KEY} characters")
-            if len(value) > MAX_METADATA_VALUE:
-                raise ValueError(f"values must be at most {MAX_METADATA_VALUE} characters")
-        return v
