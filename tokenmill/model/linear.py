@@ -29,17 +29,12 @@ class FloatLinear:
     """y = x @ W^T (+ b) (+ residual), W kept transposed ([in, out]): faster than F.linear
     for the skinny batches of decoding."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight_t = weight.float().t().contiguous()
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool = False
+    ) -> None:
+        """`transposed`: `weight` is W^T already laid out [in, out] (contiguous float32)."""
+        self.weight_t = weight if transposed else weight.float().t().contiguous()
         self.bias = bias.float().contiguous() if bias is not None else None
-
-    @classmethod
-    def from_transposed(cls, weight_t: torch.Tensor, bias: torch.Tensor | None) -> FloatLinear:
-        """From W^T already laid out [in, out] (contiguous float32), used as it is."""
-        layer = cls.__new__(cls)
-        layer.weight_t = weight_t
-        layer.bias = bias.float().contiguous() if bias is not None else None
-        return layer
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.bias is not None:
@@ -164,7 +159,7 @@ class PackedLinear:
         # the float32 method's layer on the same weights: batched results equal its results
         self.float_linear = None
         if keep_float:  # the native dequantizer: bit-exact with gguf's (test_native_weights)
-            self.float_linear = FloatLinear.from_transposed(ops.dequant_matrix_t(weight), bias)
+            self.float_linear = FloatLinear(ops.dequant_matrix_t(weight), bias, transposed=True)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()

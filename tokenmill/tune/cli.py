@@ -88,7 +88,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     options = RunOptions(
         slo=slo, seed=args.seed, warmup=args.warmup, max_duration_s=args.max_duration,
         turn_delay_s=args.turn_delay, progress=not args.no_progress,
-        wait_idle_s=args.wait_idle, retry_busy=args.retry_busy,
+        wait_idle_s=args.wait_idle,
+        # a run on a busy machine runs once more (the harness keeps the less busy one);
+        # still busy, the trial is flagged and never chosen
+        retry_busy=max(1, args.retry_busy),
     )  # fmt: skip
     runner = TrialRunner(
         plan, options, args.model, out / "logs", console, args.endpoint,
@@ -97,9 +100,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     def measure(config: dict, attempt: int = 1) -> None:
         trial = runner.run(config, attempt)
-        if not trial.clean and attempt == 1:  # busy machine: once more before flagging it
-            console.print(f"[yellow]busy machine ({trial.background_cores:.2f} cores): again")
-            trial = runner.run(config, 2)
         store.add(trial)
         console.print(
             f"trial {len(store.trials)}: {' '.join(config_argv(config)) or '(defaults)'} -> "

@@ -22,7 +22,7 @@ class Trial:
     slo_attainment: float | None
     background_cores: float | None  # other processes' CPU during the run (bench/contention)
     clean: bool
-    attempt: int = 1  # > 1: re-run because the machine was busy
+    attempt: int = 1  # which run of this configuration (the chosen one runs again)
     figures: dict[str, Any] = field(default_factory=dict)  # TTFT / TPOT percentiles ...
 
     @property
