@@ -1,0 +1,12 @@
+"""The gateway's configuration error: it names the offending key as a dotted path."""
+
+from __future__ import annotations
+
+
+class GatewayConfigError(ValueError):
+    """A bad gateway config value; `path` is where it sits, e.g. `guardrails[2].action`."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"gateway config: {path}: {message}")
+        self.path = path
+        self.message = message
