@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.server.batch.offline import add_batch_parser
 
     add_batch_parser(sub, add_engine_args)
+    from tokenmill.gateway.cli import add_gateway_parsers
+
+    add_gateway_parsers(sub)
     try:
         from tokenmill.bench.cli import add_bench_parser
     except ImportError:  # the benchmark harness is optional

@@ -83,9 +83,12 @@ def build_router_app(
     transport: httpx.AsyncBaseTransport | None = None,
     api_key: str | None = None,
     protect_metrics: bool = False,
+    gateway_config: str | None = None,
 ) -> FastAPI:
     """`transport` replaces the network to the replicas (tests). With `api_key`, clients
-    need it, and the router presents it to the replicas (one key for the cluster)."""
+    need it, and the router presents it to the replicas (one key for the cluster). With
+    `gateway_config`, clients present gateway keys instead (the replicas still get
+    `api_key`)."""
     config = router.config
     admission = Admission(config.max_in_flight, config.max_queue, config.queue_timeout_s)
     holder: dict[str, Any] = {}
@@ -135,7 +138,16 @@ def build_router_app(
 
     app = FastAPI(title="tokenmill router", version=tokenmill.__version__, lifespan=lifespan)
     app.state.router = router
-    if api_key is not None:
+    if gateway_config is not None:
+        from tokenmill.gateway.gateway import Gateway
+        from tokenmill.gateway.middleware import GatewayMiddleware
+
+        gateway = Gateway.from_file(
+            gateway_config, registry=router.metrics.registry, max_body_bytes=config.max_body_bytes
+        )
+        app.state.gateway = gateway
+        app.add_middleware(GatewayMiddleware, gateway=gateway)
+    elif api_key is not None:
         app.add_middleware(
             APIKeyMiddleware, api_key=api_key, open_paths=open_paths(protect_metrics)
         )

@@ -29,6 +29,11 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     a.add_argument("--api-key-file", default=None, metavar="PATH", help="read the key from PATH")
     a.add_argument("--protect-metrics", action="store_true", help="/metrics needs the key too")
+    a.add_argument(
+        "--gateway-config", default=None, metavar="FILE",
+        help="the gateway in front of the router: API keys, limits, ledger, guardrails, tool "
+        "policy (clients then use gateway keys; --api-key stays the replicas' key)",
+    )  # fmt: skip
     g = p.add_argument_group("routing")
     g.add_argument("--policy", choices=POLICIES, default="cache_aware")
     w, gd = CostWeights(), GuardConfig()
@@ -99,7 +104,7 @@ def add_router_parsers(sub, add_engine_args) -> None:
 
 def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None, host: str,
                port: int, log_decisions: bool = False, api_key: str | None = None,
-               protect_metrics: bool = False) -> int:  # fmt: skip
+               protect_metrics: bool = False, gateway_config: str | None = None) -> int:  # fmt: skip
     import uvicorn
 
     from tokenmill.router.app import build_router_app
@@ -111,7 +116,8 @@ def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None
         logging.getLogger("tokenmill.router.decision").setLevel(logging.DEBUG)
     router = Router(config, specs)
     app = build_router_app(
-        router, PromptHasher.from_model(model), api_key=api_key, protect_metrics=protect_metrics
+        router, PromptHasher.from_model(model), api_key=api_key, protect_metrics=protect_metrics,
+        gateway_config=gateway_config,
     )
     logger.warning(
         "tokenmill router on http://%s:%d (%s%s) -> %s",
@@ -133,6 +139,7 @@ def cmd_router(args: argparse.Namespace) -> int:
     return run_router(
         router_config(args), specs, args.model, args.host, args.port, args.log_decisions,
         resolve_api_key(args.api_key, args.api_key_file), args.protect_metrics,
+        args.gateway_config,
     )  # fmt: skip
 
 
@@ -157,6 +164,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         raise ValueError("replicas: must be >= 1")
     config = router_config(args)  # validate before starting anything
+    if args.gateway_config is not None:
+        from tokenmill.gateway.config import load_gateway_config
+
+        load_gateway_config(args.gateway_config)
     api_key = resolve_api_key(args.api_key, args.api_key_file)  # the replicas' too
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="tokenmill-cluster-"))
     argv = engine_argv(args) + shlex.split(args.replica_args)
@@ -168,7 +179,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     try:
         return run_router(
             config, [r.spec for r in replicas], args.model, args.host, args.port,
-            args.log_decisions, api_key, args.protect_metrics,
+            args.log_decisions, api_key, args.protect_metrics, args.gateway_config,
         )  # fmt: skip
     finally:
         codes = stop_cluster(replicas)

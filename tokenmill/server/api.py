@@ -104,6 +104,16 @@ def build_app(
         app.add_middleware(
             APIKeyMiddleware, api_key=settings.api_key, open_paths=settings.open_paths
         )
+    if settings.gateway_config:
+        from tokenmill.gateway.gateway import Gateway
+        from tokenmill.gateway.middleware import GatewayMiddleware
+
+        registry = getattr(metrics, "registry", None)
+        gateway = Gateway.from_file(
+            settings.gateway_config, registry=registry, max_body_bytes=max_body_bytes
+        )
+        app.state.gateway = gateway
+        app.add_middleware(GatewayMiddleware, gateway=gateway)
     app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(APIError)

@@ -50,6 +50,13 @@ def add_serve_parser(sub, add_engine_args) -> None:
         help="with a key: a path served without it (repeatable; default: "
         f"{' '.join(DEFAULT_OPEN_PATHS)}; give --open-path /health alone to protect /metrics)",
     )
+    p.add_argument(
+        "--gateway-config",
+        default=None,
+        metavar="FILE",
+        help="turn on the gateway from this YAML file: API keys, limits and budgets, the "
+        "usage ledger, guardrails, tool-call policy (README 'Gateway'; replaces --api-key)",
+    )
     p.add_argument("--served-model-name", action="append", default=None, help="name(s) clients use")
     p.add_argument(
         "--max-queue-len", type=int, default=256, help="sequences allowed to wait; beyond: 503"
@@ -82,8 +89,16 @@ def add_serve_parser(sub, add_engine_args) -> None:
 def server_settings(args: argparse.Namespace) -> ServerSettings:
     if args.default_max_tokens < 1:
         raise ValueError("default-max-tokens: must be >= 1")
+    api_key = resolve_api_key(args.api_key, args.api_key_file)
+    if args.gateway_config is not None:
+        from tokenmill.gateway.config import load_gateway_config
+
+        if api_key is not None:
+            raise ValueError("gateway-config: the gateway's keys replace --api-key; give one")
+        load_gateway_config(args.gateway_config)  # a bad file fails here, before the model loads
     return ServerSettings(
-        api_key=resolve_api_key(args.api_key, args.api_key_file),
+        api_key=api_key,
+        gateway_config=args.gateway_config,
         open_paths=tuple(args.open_path) if args.open_path else DEFAULT_OPEN_PATHS,
         max_body_bytes=args.max_request_body,
         default_max_tokens=args.default_max_tokens,

@@ -28,6 +28,8 @@ class ServerSettings:
     allow_special_tokens_in_content: bool = False
     response_store: ResponseStoreConfig = ResponseStoreConfig()
     batch: BatchConfig = BatchConfig(path="off")  # `serve` turns it on (server/batch/config.py)
+    # the gateway (keys, limits, ledger, guardrails, tool policy) from this YAML file
+    gateway_config: str | None = None
 
 
 def resolve_api_key(

@@ -1,0 +1,213 @@
+"""`tokenmill keys ...`, `tokenmill usage` and `tokenmill gateway migrate`: the gateway's
+database from the command line (the same one `serve --gateway-config` uses; a running
+server sees key changes within `key_refresh_s`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+
+_DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _database_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--gateway-config", metavar="FILE", help="the gateway config (its database)")
+    g.add_argument("--database", metavar="URL", help="SQLite path or postgresql:// URL")
+
+
+def _open(args: argparse.Namespace):
+    from tokenmill.gateway.config import default_database, load_gateway_config
+    from tokenmill.gateway.store.database import open_database
+    from tokenmill.gateway.store.migrations import migrate
+
+    if args.gateway_config:
+        url = load_gateway_config(args.gateway_config).database
+    else:
+        url = args.database or default_database()
+    db = open_database(url)
+    migrate(db)
+    return db
+
+
+def _duration(text: str) -> float:
+    unit = _DURATION.get(text[-1:])
+    try:
+        return float(text[:-1]) * unit if unit else float(text)
+    except ValueError:
+        raise ValueError(f"expected a duration like 30d, 12h or 3600, got {text!r}") from None
+
+
+def _key_fields(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name")
+    p.add_argument("--team")
+    p.add_argument("--user")
+    p.add_argument("--models", help="comma-separated models the key may use (default: all)")
+    p.add_argument("--rpm", type=int, help="requests per minute")
+    p.add_argument("--tpm", type=int, help="tokens per minute (prompt + completion)")
+    p.add_argument("--max-parallel", type=int)
+    p.add_argument("--budget-usd", type=float)
+    p.add_argument("--budget-period", choices=["day", "month", "total"])
+    p.add_argument("--tool-policy", help="a tool policy named in the gateway config")
+    p.add_argument("--metadata", action="append", metavar="K=V", help="repeatable")
+    p.add_argument("--expires-in", metavar="DURATION", help="e.g. 90d, 12h")
+
+
+def _spec(args: argparse.Namespace):
+    from pydantic import ValidationError
+
+    from tokenmill.gateway.key_spec import KeySpec
+
+    raw: dict = {}
+    for name in ("name", "team", "user", "rpm", "tpm", "max_parallel", "budget_usd",
+                 "budget_period", "tool_policy"):  # fmt: skip
+        if getattr(args, name) is not None:
+            raw[name] = getattr(args, name)
+    if args.models is not None:
+        raw["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.metadata:
+        pairs = [item.partition("=") for item in args.metadata]
+        if any(not sep for _, sep, _ in pairs):
+            raise ValueError("metadata: expected K=V")
+        raw["metadata"] = {k: v for k, _, v in pairs}
+    if args.expires_in is not None:
+        raw["expires_at"] = time.time() + _duration(args.expires_in)
+    try:
+        return KeySpec.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ValueError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def _show(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from tokenmill.gateway.admin import public_key
+    from tokenmill.gateway.key_spec import stored_fields
+    from tokenmill.gateway.keys import hash_key, new_key_id, new_secret
+    from tokenmill.gateway.store import keys_table
+    from tokenmill.gateway.store.keys_table import StoredKey
+
+    db = _open(args)
+    action = args.keys_action
+    if action == "create":
+        secret, now = new_secret(), time.time()
+        fields = {"metadata": {}, **stored_fields(_spec(args), only_set=False)}
+        key = StoredKey(id=new_key_id(), key_hash=hash_key(secret), created=now, updated=now,
+                        revoked_at=None, **fields)  # fmt: skip
+        keys_table.insert_key(db, key)
+        print(f"key: {secret}", file=sys.stderr)
+        print("(shown once: only its hash is stored)", file=sys.stderr)
+        _show({"key": secret, **public_key(key)})
+        return 0
+    if action == "list":
+        keys = keys_table.list_keys(db, include_revoked=args.all)
+        _show([public_key(k) for k in keys])
+        return 0
+    key = keys_table.get_key(db, args.key_id)
+    if key is None:
+        raise ValueError(f"no key {args.key_id!r}")
+    if action == "show":
+        _show(public_key(key))
+    elif action == "update":
+        keys_table.update_key(db, key.id, **stored_fields(_spec(args), only_set=True))
+        _show(public_key(keys_table.get_key(db, key.id)))
+    elif action == "rotate":
+        secret = new_secret()
+        keys_table.replace_hash(db, key.id, hash_key(secret))
+        print(f"key: {secret}", file=sys.stderr)
+        _show({"key": secret, **public_key(keys_table.get_key(db, key.id))})
+    elif action == "revoke":
+        keys_table.revoke_key(db, key.id, time.time())
+        print(f"revoked {key.id}")
+    return 0
+
+
+def _since(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return time.time() - _duration(text)
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tokenmill.gateway.store import queries
+
+    db = _open(args)
+    rows = queries.usage_rollup(
+        db, key_id=args.key, team=args.team, since=_since(args.since), until=_since(args.until),
+        group_by=args.group_by,
+    )  # fmt: skip
+    if args.json:
+        _show(rows)
+        return 0
+    table = Table(title=f"usage by {args.group_by}")
+    columns = ["group", "requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd"]
+    for c in columns:
+        table.add_column(c, justify="left" if c == "group" else "right")
+    for row in rows:
+        cells = [str(row.get(args.group_by, row.get("group", "")))]
+        cells += [f"{row[c]:.6f}" if c == "cost_usd" else str(row[c]) for c in columns[1:]]
+        table.add_row(*cells)
+    Console().print(table)
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from tokenmill.gateway.config import default_database, load_gateway_config
+    from tokenmill.gateway.store.database import open_database
+    from tokenmill.gateway.store.migrations import migrate
+    from tokenmill.gateway.store.url import redact_url
+
+    url = (
+        load_gateway_config(args.gateway_config).database
+        if args.gateway_config
+        else args.database or default_database()
+    )
+    before, after = migrate(open_database(url))
+    print(f"{redact_url(url)}: schema version {before} -> {after}")
+    return 0
+
+
+def add_gateway_parsers(sub) -> None:
+    keys = sub.add_parser("keys", help="gateway API keys: create, list, show, update, rotate, revoke")
+    actions = keys.add_subparsers(dest="keys_action", required=True)
+    create = actions.add_parser("create", help="a new key (printed once)")
+    _key_fields(create)
+    listing = actions.add_parser("list")
+    listing.add_argument("--all", action="store_true", help="revoked keys too")
+    for name in ("show", "update", "rotate", "revoke"):
+        p = actions.add_parser(name)
+        p.add_argument("key_id")
+        if name == "update":
+            _key_fields(p)
+    for p in (create, listing, *[actions.choices[n] for n in ("show", "update", "rotate", "revoke")]):
+        _database_args(p)
+    keys.set_defaults(func=cmd_keys)
+
+    usage = sub.add_parser("usage", help="spend and tokens from the gateway's ledger")
+    _database_args(usage)
+    usage.add_argument("--key", help="one key id")
+    usage.add_argument("--team")
+    usage.add_argument("--since", help="ISO date/time (UTC) or a duration back, e.g. 7d")
+    usage.add_argument("--until")
+    usage.add_argument("--group-by", choices=["key", "team", "day", "model"], default="day")
+    usage.add_argument("--json", action="store_true")
+    usage.set_defaults(func=cmd_usage)
+
+    gateway = sub.add_parser("gateway", help="gateway database maintenance")
+    gw_actions = gateway.add_subparsers(dest="gateway_action", required=True)
+    migrate = gw_actions.add_parser("migrate", help="create or upgrade the schema")
+    _database_args(migrate)
+    migrate.set_defaults(func=cmd_migrate)

@@ -1,0 +1,462 @@
+"""/v1/chat/completions and /v1/completions: choices with text (message content, or `text`),
+tool calls (chat), usage. Streams are rewritten chunk by chunk: text through each choice's
+output filter (held back by its window), tool calls held whole until their choice finishes
+when a tool policy applies, usage taken from the continuous usage the gateway asks for and
+shown to the client only as it asked."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenmill.gateway.endpoints.common import (
+    ExchangeContext,
+    TextFilter,
+    TextRef,
+    error_payload,
+)
+from tokenmill.gateway.sse import Event
+
+
+def usage_tokens(usage: dict[str, Any] | None) -> tuple[int, int, int]:
+    """(prompt, cached, completion) of a chat/completions usage object."""
+    if not isinstance(usage, dict):
+        return 0, 0, 0
+    details = usage.get("prompt_tokens_details") or {}
+    return (
+        int(usage.get("prompt_tokens") or 0),
+        int(details.get("cached_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+    )
+
+
+def _zero_usage() -> dict[str, Any]:
+    return {
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "total_tokens": 0,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+class ChatAdapter:
+    endpoint = "chat"
+    object_name = "chat.completion"
+    chunk_name = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
+
+    # ------------------------------------------------------------ input
+
+    def input_texts(self, body: dict[str, Any]) -> list[TextRef] | None:
+        """The user-controlled strings (None: some cannot be scanned)."""
+        refs: list[TextRef] = []
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return refs
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            content = message.get("content")
+            if isinstance(content, str):
+                refs.append(TextRef(message, "content"))
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        refs.append(TextRef(part, "text"))
+        return refs
+
+    def wants_logprobs(self, body: dict[str, Any]) -> bool:
+        return bool(body.get("logprobs"))
+
+    def prepare_stream(self, body: dict[str, Any], ctx: ExchangeContext) -> None:
+        """Usage in every chunk (the ledger's count even when the client leaves early)."""
+        options = body.get("stream_options")
+        options = options if isinstance(options, dict) else {}
+        ctx.client_include_usage = options.get("include_usage") is True
+        ctx.client_continuous_usage = options.get("continuous_usage_stats") is True
+        body["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": True}
+
+    # ------------------------------------------------------------ fallback
+
+    def _choice(self, index: int, text: str) -> dict[str, Any]:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text, "refusal": None, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": "content_filter",
+        }
+
+    def _count(self, body: dict[str, Any]) -> int:
+        n = body.get("n")
+        return n if isinstance(n, int) and 1 <= n <= 128 else 1
+
+    def fallback_json(self, body: dict[str, Any], text: str, ctx: ExchangeContext) -> dict:
+        return {
+            "id": self.id_prefix + uuid.uuid4().hex,
+            "object": self.object_name,
+            "created": int(time.time()),
+            "model": ctx.model,
+            "choices": [self._choice(i, text) for i in range(self._count(body))],
+            "usage": _zero_usage(),
+            "system_fingerprint": None,
+        }
+
+    def _chunk(self, envelope: dict[str, Any], choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**envelope, "choices": choices}
+
+    def _text_delta(self, index: int, text: str) -> dict[str, Any]:
+        return {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+
+    def _finish_delta(self, index: int, reason: str) -> dict[str, Any]:
+        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
+
+    def fallback_events(self, body: dict[str, Any], text: str, ctx: ExchangeContext) -> list:
+        envelope = {
+            "id": self.id_prefix + uuid.uuid4().hex,
+            "object": self.chunk_name,
+            "created": int(time.time()),
+            "model": ctx.model,
+        }
+        events = []
+        for i in range(self._count(body)):
+            events.append(Event(self._chunk(envelope, [self._first_delta(i)])))
+            events.append(Event(self._chunk(envelope, [self._text_delta(i, text)])))
+            events.append(Event(self._chunk(envelope, [self._finish_delta(i, "content_filter")])))
+        if ctx.client_include_usage:
+            events.append(Event({**envelope, "choices": [], "usage": _zero_usage()}))
+        events.append(Event("[DONE]"))
+        return events
+
+    def _first_delta(self, index: int) -> dict[str, Any]:
+        return {
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+
+    # ------------------------------------------------------------ output
+
+    def usage_of(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        usage = obj.get("usage")
+        return usage if isinstance(usage, dict) else None
+
+    def tokens(self, usage: dict[str, Any] | None) -> tuple[int, int, int]:
+        return usage_tokens(usage)
+
+    def transform_json(self, obj: dict[str, Any], ctx: ExchangeContext) -> dict[str, Any] | None:
+        """The whole response rewritten (None: an output rule blocked it)."""
+        ctx.usage = self.usage_of(obj)
+        for choice in obj.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            ctx.finish_reason = ctx.finish_reason or choice.get("finish_reason")
+            message = choice.get("message")
+            if not isinstance(message, dict):
+                continue
+            text = message.get("content")
+            if isinstance(text, str) and text:
+                step = TextFilter(ctx).whole(text)
+                if step.stop is not None and step.replacement is None:
+                    ctx.error_code = "guardrail_blocked"
+                    return None
+                if step.replacement is not None:
+                    message.update(content=step.replacement, tool_calls=[])
+                    choice.update(finish_reason="content_filter", logprobs=None)
+                    continue
+                if step.emit != text:
+                    message["content"] = step.emit
+                    choice["logprobs"] = None
+            self._police_calls(choice, message, ctx)
+        return obj
+
+    def _police_calls(self, choice: dict, message: dict, ctx: ExchangeContext) -> None:
+        calls = message.get("tool_calls")
+        if not isinstance(calls, list) or not calls:
+            return
+        kept, refusals = [], []
+        for call in calls:
+            fn = call.get("function") or {} if isinstance(call, dict) else {}
+            record = ctx.check_call(str(fn.get("name", "")), str(fn.get("arguments", "")))
+            if record.allowed:
+                kept.append(call)
+            else:
+                refusals.append(ctx.policy.refusal if ctx.policy else "")
+        if not refusals:
+            return
+        message["tool_calls"] = kept
+        text = "\n".join(dict.fromkeys(refusals))
+        message["content"] = f"{message['content']}\n{text}" if message.get("content") else text
+        if not kept and choice.get("finish_reason") == "tool_calls":
+            choice["finish_reason"] = "stop"
+
+    def stream_rewriter(self, body: dict[str, Any], ctx: ExchangeContext) -> ChoiceStreamRewriter:
+        rewriter = ChoiceStreamRewriter(self, ctx)
+        rewriter.expected = self._count(body)
+        return rewriter
+
+    # text accessors (completions override)
+    def chunk_text(self, choice: dict[str, Any]) -> str | None:
+        delta = choice.get("delta")
+        return delta.get("content") if isinstance(delta, dict) else None
+
+    def set_chunk_text(self, choice: dict[str, Any], text: str | None) -> None:
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            if text:
+                delta["content"] = text
+            else:
+                delta.pop("content", None)
+
+    def empty_choice(self, choice: dict[str, Any]) -> bool:
+        delta = choice.get("delta") or {}
+        return not delta and choice.get("finish_reason") is None and not choice.get("logprobs")
+
+
+class CompletionAdapter(ChatAdapter):
+    endpoint = "completions"
+    object_name = "text_completion"
+    chunk_name = "text_completion"
+    id_prefix = "cmpl-"
+
+    def input_texts(self, body: dict[str, Any]) -> list[TextRef] | None:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return [TextRef(body, "prompt")]
+        if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            return [TextRef(prompt, i) for i in range(len(prompt))]
+        return None if prompt is not None else []  # token ids: nothing to scan
+
+    def wants_logprobs(self, body: dict[str, Any]) -> bool:
+        return body.get("logprobs") is not None or bool(body.get("echo"))
+
+    def _choice(self, index: int, text: str) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": "content_filter"}
+
+    def _count(self, body: dict[str, Any]) -> int:
+        prompts = body.get("prompt")
+        count = len(prompts) if isinstance(prompts, list) and prompts else 1
+        return count * super()._count(body)
+
+    def _text_delta(self, index: int, text: str) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+
+    def _finish_delta(self, index: int, reason: str) -> dict[str, Any]:
+        return {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
+
+    def _first_delta(self, index: int) -> dict[str, Any]:
+        return self._text_delta(index, "")
+
+    def transform_json(self, obj: dict[str, Any], ctx: ExchangeContext) -> dict[str, Any] | None:
+        ctx.usage = self.usage_of(obj)
+        for choice in obj.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            ctx.finish_reason = ctx.finish_reason or choice.get("finish_reason")
+            text = choice.get("text")
+            if isinstance(text, str) and text:
+                step = TextFilter(ctx).whole(text)
+                if step.stop is not None and step.replacement is None:
+                    ctx.error_code = "guardrail_blocked"
+                    return None
+                if step.replacement is not None:
+                    choice.update(text=step.replacement, finish_reason="content_filter")
+                    choice["logprobs"] = None
+                elif step.emit != text:
+                    choice.update(text=step.emit, logprobs=None)
+        return obj
+
+    def chunk_text(self, choice: dict[str, Any]) -> str | None:
+        text = choice.get("text")
+        return text if isinstance(text, str) else None
+
+    def set_chunk_text(self, choice: dict[str, Any], text: str | None) -> None:
+        choice["text"] = text or ""
+
+    def empty_choice(self, choice: dict[str, Any]) -> bool:
+        return not choice.get("text") and choice.get("finish_reason") is None and not choice.get(
+            "logprobs"
+        )
+
+
+@dataclass
+class _ChoiceState:
+    filter: TextFilter
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # index -> id/name/args
+    closed: bool = False
+
+
+class ChoiceStreamRewriter:
+    """One streamed chat/completions response, event by event."""
+
+    def __init__(self, adapter: ChatAdapter, ctx: ExchangeContext) -> None:
+        self.adapter = adapter
+        self.ctx = ctx
+        self.choices: dict[int, _ChoiceState] = {}
+        self.envelope: dict[str, Any] = {}
+        self.cut = False  # the stream ended here (blocked): nothing more goes out
+        self.expected = 1  # choices in the response (the upstream may stop once all closed)
+
+    def _state(self, index: int) -> _ChoiceState:
+        state = self.choices.get(index)
+        if state is None:
+            state = self.choices[index] = _ChoiceState(TextFilter(self.ctx))
+        return state
+
+    def _show_usage(self, chunk: dict[str, Any], final: bool) -> None:
+        if self.ctx.client_continuous_usage:
+            return
+        if self.ctx.client_include_usage:
+            if not final:
+                chunk["usage"] = None
+        else:
+            chunk.pop("usage", None)
+
+    def _out(self, choices: list[dict[str, Any]]) -> Event:
+        chunk = {**self.envelope, "choices": choices}
+        if "usage" in self.envelope:
+            chunk["usage"] = self.ctx.usage if self.ctx.client_continuous_usage else None
+            self._show_usage(chunk, final=False)
+        return Event(chunk)
+
+    def on_event(self, event: Event) -> list[Event]:
+        data = event.data
+        if self.cut:
+            return []
+        if not isinstance(data, dict):
+            return [event]  # [DONE]
+        if "error" in data:
+            self.ctx.error_code = self.ctx.error_code or "upstream_error"
+            return [event]
+        self.envelope = {k: v for k, v in data.items() if k != "choices"}
+        if isinstance(data.get("usage"), dict):
+            self.ctx.usage = data["usage"]
+        choices = data.get("choices")
+        if not isinstance(choices, list):
+            return [event]
+        if not choices:  # the usage chunk
+            if not (self.ctx.client_include_usage or self.ctx.client_continuous_usage):
+                return []
+            self._show_usage(data, final=True)
+            return [event]
+        out: list[Event] = []
+        kept: list[dict[str, Any]] = []
+        for choice in choices:
+            if not isinstance(choice, dict) or not isinstance(choice.get("index"), int):
+                kept.append(choice)
+                continue
+            events, keep = self._choice(choice)
+            if self.cut:
+                return events
+            out.extend(events)
+            if keep is not None:
+                kept.append(keep)
+        if kept:
+            self._show_usage(data, final=False)
+            out.insert(0, Event({**data, "choices": kept}))
+        return out
+
+    def _choice(self, choice: dict[str, Any]) -> tuple[list[Event], dict[str, Any] | None]:
+        """Events to send after this choice's rewritten chunk, and the chunk (None: dropped)."""
+        ctx, adapter = self.ctx, self.adapter
+        state = self._state(choice["index"])
+        if state.closed:
+            return [], None
+        after: list[Event] = []
+        text = adapter.chunk_text(choice)
+        if text:
+            step = state.filter.feed(text)
+            if step.stop is not None:
+                return self._stop(choice["index"], state, step), None
+            adapter.set_chunk_text(choice, step.emit)
+            if step.emit:
+                ctx.output_started()
+        self._collect_calls(choice, state)
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            ctx.finish_reason = ctx.finish_reason or finish
+            step = state.filter.finish()
+            if step.stop is not None:
+                return self._stop(choice["index"], state, step), None
+            before = []
+            if step.emit:
+                ctx.output_started()
+                before.append(self._out([adapter._text_delta(choice["index"], step.emit)]))
+            calls, finish = self._release_calls(choice["index"], state, finish)
+            choice["finish_reason"] = finish
+            state.closed = True
+            if before or calls:  # flushed text and held calls go before the finish chunk
+                return [*before, *calls, self._out([choice])], None
+            return after, choice
+        if adapter.empty_choice(choice):
+            return after, None
+        return after, choice
+
+    def _collect_calls(self, choice: dict[str, Any], state: _ChoiceState) -> None:
+        delta = choice.get("delta")
+        calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+        if not isinstance(calls, list):
+            return
+        for call in calls:
+            if not isinstance(call, dict) or not isinstance(call.get("index"), int):
+                continue
+            slot = state.calls.setdefault(call["index"], {"id": None, "name": "", "arguments": ""})
+            fn = call.get("function") or {}
+            slot["id"] = call.get("id") or slot["id"]
+            slot["name"] += fn.get("name") or ""
+            slot["arguments"] += fn.get("arguments") or ""
+        if self.ctx.policy is not None:  # held until the choice finishes
+            delta.pop("tool_calls", None)
+
+    def _release_calls(
+        self, index: int, state: _ChoiceState, finish: str
+    ) -> tuple[list[Event], str]:
+        ctx = self.ctx
+        events: list[Event] = []
+        allowed = 0
+        refused = False
+        for _, slot in sorted(state.calls.items()):
+            record = ctx.check_call(slot["name"], slot["arguments"])
+            if ctx.policy is None:
+                continue  # already streamed as they came
+            if record.allowed:
+                call = {
+                    "index": allowed,
+                    "id": slot["id"],
+                    "type": "function",
+                    "function": {"name": slot["name"], "arguments": slot["arguments"]},
+                }
+                events.append(self._out([{"index": index, "delta": {"tool_calls": [call]},
+                                          "logprobs": None, "finish_reason": None}]))  # fmt: skip
+                allowed += 1
+            else:
+                refused = True
+        if refused:
+            events.append(self._out([self.adapter._text_delta(index, ctx.policy.refusal)]))
+            if not allowed and finish == "tool_calls":
+                finish = "stop"
+        return events, finish
+
+    def _stop(self, index: int, state: _ChoiceState, step) -> list[Event]:
+        """An output rule stopped this choice: a block ends the stream with an error event;
+        a fallback ends the choice with the configured answer."""
+        state.closed = True
+        ctx = self.ctx
+        if step.replacement is None:
+            ctx.error_code = "guardrail_blocked"
+            self.cut = True
+            return [Event(error_payload(step.stop)), Event("[DONE]")]
+        ctx.finish_reason = "content_filter"
+        ctx.output_started()
+        events = [
+            self._out([self.adapter._text_delta(index, step.replacement)]),
+            self._out([self.adapter._finish_delta(index, "content_filter")]),
+        ]
+        if sum(s.closed for s in self.choices.values()) >= self.expected:
+            self.cut = True  # every choice answered: the rest of the generation is not needed
+            if ctx.client_include_usage or ctx.client_continuous_usage:
+                events.append(Event({**self.envelope, "choices": [], "usage": ctx.usage}))
+            events.append(Event("[DONE]"))
+        return events

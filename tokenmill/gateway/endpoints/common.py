@@ -1,0 +1,133 @@
+"""State shared by the endpoint adapters: one request's context and the per-text output
+filter (guardrails on a choice's text, streamed or whole)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenmill.gateway.guardrails import Decision, GuardrailsConfig, OutputChecker
+from tokenmill.gateway.tool_policy import ToolPolicy, check_tool_call
+
+
+@dataclass
+class TextRef:
+    """A user-controlled string inside a request body: parent[key]."""
+
+    parent: Any
+    key: Any
+
+    @property
+    def text(self) -> str:
+        return self.parent[self.key]
+
+    def set(self, text: str) -> None:
+        self.parent[self.key] = text
+
+
+@dataclass
+class ToolCallRecord:
+    name: str
+    arguments: str
+    allowed: bool
+    reason: str | None
+
+
+@dataclass
+class ExchangeContext:
+    request_id: str
+    endpoint: str
+    model: str
+    stream: bool
+    guardrails: GuardrailsConfig
+    output_rules: bool  # any output rule that can change text
+    policy: ToolPolicy | None
+    tools: dict[str, Any]
+    client_include_usage: bool = False
+    client_continuous_usage: bool = False
+    decisions: list[Decision] = field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    first_output: float | None = None
+    error_code: str | None = None
+
+    def output_started(self) -> None:
+        if self.first_output is None:
+            self.first_output = time.monotonic()
+
+    def check_call(self, name: str, arguments: str) -> ToolCallRecord:
+        if self.policy is None:
+            record = ToolCallRecord(name, arguments, True, None)
+        else:
+            verdict = check_tool_call(self.policy, self.tools, name, arguments)
+            record = ToolCallRecord(name, arguments, verdict.allowed, verdict.reason)
+        self.tool_calls.append(record)
+        return record
+
+
+@dataclass
+class FilterStep:
+    emit: str
+    stop: Decision | None = None
+    replacement: str | None = None
+
+
+class TextFilter:
+    """Output guardrails on one text (a choice, a message item), fed in pieces."""
+
+    def __init__(self, ctx: ExchangeContext) -> None:
+        self.ctx = ctx
+        self.checker = OutputChecker(ctx.guardrails)
+        self.emitted: list[str] = []
+        self.stopped: Decision | None = None
+        self.modified = False
+
+    def _take(self, step, given: str | None) -> FilterStep:
+        self.ctx.decisions.extend(step.decisions)
+        if step.stop is not None:
+            self.stopped = step.stop
+            self.modified = True
+        self.emitted.append(step.emit)
+        return FilterStep(step.emit, step.stop, step.replacement)
+
+    def feed(self, text: str) -> FilterStep:
+        if self.stopped is not None or not text:
+            return FilterStep("")
+        step = self._take(self.checker.feed(text), text)
+        return step
+
+    def finish(self) -> FilterStep:
+        if self.stopped is not None:
+            return FilterStep("")
+        return self._take(self.checker.finish(), None)
+
+    def whole(self, text: str) -> FilterStep:
+        """The non-streamed text: the final text (or the stop)."""
+        first = self.feed(text)
+        if first.stop is not None:
+            return FilterStep("".join(self.emitted), first.stop, first.replacement)
+        last = self.finish()
+        out = "".join(self.emitted)
+        self.modified = self.modified or out != text
+        return FilterStep(out, last.stop, last.replacement)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.emitted)
+
+
+def blocked_message(decision: Decision) -> str:
+    return f"The {decision.stage} was blocked by policy (rule {decision.rule!r})."
+
+
+def error_payload(decision: Decision) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": blocked_message(decision),
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "guardrail_blocked",
+        }
+    }

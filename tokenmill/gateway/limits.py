@@ -1,0 +1,162 @@
+"""Per-key admission: requests/min and tokens/min token buckets, parallel requests, and a
+USD budget per period with a hard stop.
+
+Admission runs on the event loop with no await between check and take, so N concurrent
+requests against a limit of M admit exactly M. Tokens are known only at the end: a request
+is admitted while the tokens/min bucket is above zero and charged its real usage when it
+ends (the bucket may go below zero; later requests then wait). The budget counts what was
+spent in the period (the ledger's sum, loaded once per key and period, then kept here) plus
+a reservation for every request in flight (its prompt estimate and max_tokens at the key's
+prices), so parallel requests cannot overshoot it by more than one estimate's error.
+Limits are per gateway process."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from tokenmill.gateway.config import KeyDefaults
+from tokenmill.gateway.store.keys_table import StoredKey
+
+
+class TokenBucket:
+    def __init__(self, per_minute: int, now: float) -> None:
+        self.capacity = float(per_minute)
+        self.rate = per_minute / 60.0
+        self.level = self.capacity
+        self.stamp = now
+
+    def _refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def wait_for(self, amount: float, now: float) -> float:
+        """Seconds until `amount` can be taken (0: now)."""
+        self._refill(now)
+        return 0.0 if self.level >= amount else (amount - self.level) / self.rate
+
+    def take(self, amount: float) -> None:
+        self.level -= amount
+
+
+def period_start(period: str | None, now: float) -> float:
+    if period in (None, "total"):
+        return 0.0
+    t = datetime.fromtimestamp(now, UTC)
+    day = t.replace(hour=0, minute=0, second=0, microsecond=0)
+    return (day.replace(day=1) if period == "month" else day).timestamp()
+
+
+@dataclass
+class _KeyUsage:
+    rpm: TokenBucket | None = None
+    tpm: TokenBucket | None = None
+    in_flight: int = 0
+    period: float = -1.0
+    spent: float = 0.0
+    reserved: float = 0.0
+    loading: asyncio.Future | None = None
+
+
+@dataclass(frozen=True)
+class Rejection:
+    status: int
+    message: str
+    code: str
+    type: str = "rate_limit_error"
+    retry_after: int | None = None
+
+
+@dataclass
+class Admission:
+    key_id: str
+    reserved: float
+    done: bool = field(default=False)
+
+
+class Limiter:
+    def __init__(self, spend_since: Callable[[str, float], Awaitable[float]]) -> None:
+        self.keys: dict[str, _KeyUsage] = {}
+        self.spend_since = spend_since  # the ledger's spend of a key since a time
+
+    def _usage(self, key_id: str) -> _KeyUsage:
+        usage = self.keys.get(key_id)
+        if usage is None:
+            usage = self.keys[key_id] = _KeyUsage()
+        return usage
+
+    async def load_budget(self, key: StoredKey, now: float) -> None:
+        """Loads the key's spend in the current period (once; concurrent callers share it)."""
+        if key.budget_usd is None:
+            return
+        usage = self._usage(key.id)
+        start = period_start(key.budget_period, now)
+        while usage.period != start:
+            if usage.loading is None:
+                usage.loading = asyncio.ensure_future(self.spend_since(key.id, start))
+                loading = usage.loading
+                try:
+                    spent = await loading
+                finally:
+                    usage.loading = None
+                usage.period, usage.spent = start, spent
+            else:
+                await asyncio.shield(usage.loading)
+
+    def admit(
+        self, key: StoredKey, defaults: KeyDefaults, estimate_usd: float, now: float | None = None
+    ) -> Admission | Rejection:
+        now = time.monotonic() if now is None else now
+        usage = self._usage(key.id)
+        rpm = key.rpm if key.rpm is not None else defaults.rpm
+        tpm = key.tpm if key.tpm is not None else defaults.tpm
+        parallel = key.max_parallel if key.max_parallel is not None else defaults.max_parallel
+        if parallel is not None and usage.in_flight >= parallel:
+            return Rejection(
+                429, f"at most {parallel} requests in parallel for this key", "parallel_limit", retry_after=1
+            )
+        if key.budget_usd is not None and usage.spent + usage.reserved >= key.budget_usd:
+            period = key.budget_period or "total"
+            return Rejection(
+                429,
+                f"this key's budget of ${key.budget_usd:g} per {period} is spent",
+                "budget_exceeded",
+                "insufficient_quota",
+            )
+        for bucket_attr, limit, amount, what in (("rpm", rpm, 1.0, "requests"), ("tpm", tpm, 1e-9, "tokens")):
+            if limit is None:
+                setattr(usage, bucket_attr, None)
+                continue
+            bucket = getattr(usage, bucket_attr)
+            if bucket is None or bucket.capacity != limit:
+                bucket = TokenBucket(limit, now)
+                setattr(usage, bucket_attr, bucket)
+            wait = bucket.wait_for(amount, now)
+            if wait > 0:
+                return Rejection(
+                    429,
+                    f"rate limit of {limit} {what} per minute reached for this key",
+                    f"{what}_per_minute",
+                    retry_after=max(1, math.ceil(wait)),
+                )
+        if usage.rpm is not None:
+            usage.rpm.take(1.0)
+        usage.in_flight += 1
+        reserved = estimate_usd if key.budget_usd is not None else 0.0
+        usage.reserved += reserved
+        return Admission(key.id, reserved)
+
+    def finish(self, admission: Admission, tokens: int, cost_usd: float) -> None:
+        if admission.done:
+            return
+        admission.done = True
+        usage = self._usage(admission.key_id)
+        usage.in_flight -= 1
+        usage.reserved = max(0.0, usage.reserved - admission.reserved)
+        usage.spent += cost_usd
+        if usage.tpm is not None:
+            usage.tpm.take(float(tokens))

@@ -1,0 +1,96 @@
+"""The gateway as pure ASGI middleware, the same in front of the server and the router:
+open paths pass; /admin and /v1/usage are answered here; every other path needs a live key
+(401 otherwise, in the OpenAI envelope); generation requests go through an Exchange."""
+
+from __future__ import annotations
+
+import json
+
+from tokenmill.gateway.admin import build_admin_app, is_admin
+from tokenmill.gateway.endpoints.chat import ChatAdapter, CompletionAdapter
+from tokenmill.gateway.endpoints.responses import ResponsesAdapter
+from tokenmill.gateway.exchange import Exchange
+from tokenmill.gateway.keys import bearer_token
+
+ADAPTERS = {
+    "/v1/chat/completions": ChatAdapter(),
+    "/v1/completions": CompletionAdapter(),
+    "/v1/responses": ResponsesAdapter(),
+}
+_MESSAGES = {
+    "missing": "Missing API key: send 'Authorization: Bearer KEY'.",
+    "unknown": "Incorrect API key provided.",
+    "revoked": "Incorrect API key provided.",  # as for an unknown key: tells nothing more
+    "expired": "This API key has expired.",
+}
+
+
+class _Headers(dict):
+    def get(self, name: str, default: str = "") -> str:  # type: ignore[override]
+        return super().get(name.lower(), default)
+
+
+class GatewayMiddleware:
+    def __init__(self, app, gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+        gateway.app = app
+        self.admin = build_admin_app(gateway)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            return await self.app(scope, self._lifespan_receive(receive), send)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        gw = self.gateway
+        config = gw.config
+        path = scope["path"]
+        if path in config.open_paths:
+            return await self.app(scope, receive, send)
+        if path == "/admin" or path.startswith("/admin/"):
+            return await self.admin(scope, receive, send)
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        state = gw.keys.check(bearer_token(header))
+        if state.problem is not None:
+            if path == "/v1/usage" and is_admin(gw, _Headers({"authorization": header.decode("latin-1")})):
+                return await self.admin(scope, receive, send)
+            gw.metrics.unauthorized.labels(state.problem).inc()
+            return await _unauthorized(send, _MESSAGES[state.problem])
+        scope = {**scope, "state": {**(scope.get("state") or {}), "gateway_key": state.key}}
+        if path == "/v1/usage":
+            return await self.admin(scope, receive, send)
+        adapter = ADAPTERS.get(path)
+        if adapter is None or scope["method"] != "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
+            return await self.app({**scope, "headers": headers}, receive, send)
+        await Exchange(gw, adapter, scope, receive, send, state.key).run()
+
+    def _lifespan_receive(self, receive):
+        async def wrapped():
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.gateway.start()
+            elif message["type"] == "lifespan.shutdown":
+                await self.gateway.stop()
+            return message
+
+        return wrapped
+
+
+async def _unauthorized(send, message: str) -> None:
+    body = json.dumps(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                   "code": "invalid_api_key"}}  # fmt: skip
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"www-authenticate", b"Bearer"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
