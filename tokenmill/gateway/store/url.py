@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from tokenmill.gateway.store.errors import DatabaseUrlError
 
@@ -35,7 +35,8 @@ def parse_url(url: str) -> DatabaseUrl:
             raise DatabaseUrlError(
                 f"{redact_url(url)}: a sqlite URL takes an absolute path, e.g. sqlite:///var/db.sqlite3"
             )
-        return DatabaseUrl("sqlite", path=Path(rest))
+        # sqlite:///abs and SQLAlchemy's sqlite:////abs both mean /abs
+        return DatabaseUrl("sqlite", path=Path("/" + rest.lstrip("/")))
     if scheme in _PG_SCHEMES:
         return DatabaseUrl("postgres", dsn=url)
     raise DatabaseUrlError(
@@ -61,4 +62,8 @@ def redact_url(url: str) -> str:
         query = urlencode(
             [(k, "***" if k.lower() == "password" else v) for k, v in items], safe="*"
         )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    if netloc != parts.netloc:
+        url = url.replace(parts.netloc, netloc, 1)
+    if query != parts.query:
+        url = url.replace(parts.query, query, 1)
+    return url
