@@ -206,11 +206,43 @@ class PostgresDatabase(Database):
     def prepare(self, sql: str) -> str:
         return sql.replace("%", "%%").replace("?", "%s")
 
+    def _stale(self, e: Exception) -> bool:
+        """Whether `e` came from this thread's connection having died (say, the server
+        restarted since its last use): then nothing ran, and a reconnect is worth a try."""
+        import psycopg
+
+        conn = getattr(self._local, "conn", None)
+        return isinstance(e, psycopg.OperationalError) and conn is not None and conn.broken
+
+    def fetchall(self, sql: str, params: Params = ()) -> list[tuple]:
+        try:
+            return super().fetchall(sql, params)
+        except Exception as e:  # a read is safe to repeat on a fresh connection
+            if not self._stale(e):
+                raise
+            self.reset_connection()
+            return super().fetchall(sql, params)
+
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
         conn = self.connection()
-        with conn.transaction(), conn.cursor() as cur:
-            yield Transaction(cur, self.prepare)
+        tx = conn.transaction()
+        try:
+            tx.__enter__()  # BEGIN: when it fails nothing ran, so reconnecting is safe
+        except Exception as e:
+            if not self._stale(e):
+                raise
+            self.reset_connection()
+            conn = self.connection()
+            tx = conn.transaction()
+            tx.__enter__()
+        with conn.cursor() as cur:
+            try:
+                yield Transaction(cur, self.prepare)
+            except BaseException as e:
+                tx.__exit__(type(e), e, e.__traceback__)
+                raise
+        tx.__exit__(None, None, None)
 
     def ddl(self, sql: str) -> str:
         # REAL is single precision in PostgreSQL: costs and timestamps need double
