@@ -33,7 +33,7 @@ INJECTION_DETECTORS = (
         compile_checked(
             r"<\|(?:im_start|im_end|system|endoftext|start_header_id|end_header_id|eot_id)\|>"
             r"|\[/?INST\]|<</?SYS>>"
-            r"|(?:^|(?<=\n))[ \t]{0,8}#{1,6}[ \t]{0,4}(?:system|assistant|developer)[ \t]{0,4}:",
+            r"|(?:^|(?<=\n))[ \t]{0,8}#{2,6}[ \t]{0,4}(?:system|assistant|developer)[ \t]{0,4}:",
             _I,
         ),
     ),
