@@ -1,0 +1,79 @@
+"""Refuse config regexes whose nested repetition can backtrack catastrophically.
+
+The stdlib `re` has no timeout (the `regex` package has one, but it is only a transitive
+dependency of the test extras here, so it is not relied on). Config is trusted admin input,
+user text is not: a pattern like `(a+)+$` takes exponential time on hostile text. We reject
+a repeat nested in another repeat when either is unbounded or their bounds multiply past
+`MAX_NESTED_PRODUCT`. This is a heuristic (overlapping alternations such as `(a|a)*` pass);
+the per-call scan cap (`max_scan_chars`) bounds the rest."""
+
+from __future__ import annotations
+
+import re
+import re._constants as sre_constants  # type: ignore[import-not-found]
+import re._parser as sre_parse  # type: ignore[import-not-found]
+
+MAX_PATTERN_CHARS = 1000
+MAX_NESTED_PRODUCT = 1000
+_REPEATS = {sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT}
+_POSSESSIVE = getattr(sre_constants, "POSSESSIVE_REPEAT", None)
+if _POSSESSIVE is not None:
+    _REPEATS.add(_POSSESSIVE)
+_UNBOUNDED = sre_constants.MAXREPEAT
+
+
+def nested_repeat_problem(pattern: str) -> str | None:
+    """Why `pattern` is refused, or None. The pattern must already compile."""
+    return _walk(sre_parse.parse(pattern), outer=1)
+
+
+def _children(op: object, av: object) -> list[object]:
+    if op in _REPEATS:
+        return [av[2]]  # type: ignore[index]
+    if op is sre_constants.SUBPATTERN:
+        return [av[3]]  # type: ignore[index]
+    if op is sre_constants.BRANCH:
+        return list(av[1])  # type: ignore[index]
+    if op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
+        return [av[1]]  # type: ignore[index]
+    if op is sre_constants.GROUPREF_EXISTS:
+        return [p for p in av[1:] if p is not None]  # type: ignore[index]
+    if op is getattr(sre_constants, "ATOMIC_GROUP", None):
+        return [av]
+    return []
+
+
+def _walk(sub: object, outer: int) -> str | None:
+    """`outer` is the product of the enclosing repeats' upper bounds (1: none)."""
+    for op, av in sub:  # type: ignore[attr-defined]
+        if op in _REPEATS:
+            high = av[1]
+            if high > 1 and outer > 1:
+                if _UNBOUNDED in (high, outer):
+                    return (
+                        "nested unbounded repetition (like `(a+)+`) can backtrack catastrophically"
+                    )
+                if high * outer > MAX_NESTED_PRODUCT:
+                    return f"nested repetition bounds multiply past {MAX_NESTED_PRODUCT}"
+            problem = _walk(av[2], _times(outer, high))
+        else:
+            problem = next((p for c in _children(op, av) if (p := _walk(c, outer))), None)
+        if problem:
+            return problem
+    return None
+
+
+def _times(outer: int, high: int) -> int:
+    if high <= 1:
+        return outer
+    if _UNBOUNDED in (outer, high):
+        return _UNBOUNDED
+    return min(outer * high, _UNBOUNDED - 1)
+
+
+def compile_checked(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    """Compile a built-in pattern, asserting it passes the same check as config patterns."""
+    problem = nested_repeat_problem(pattern)
+    if problem:
+        raise AssertionError(f"built-in guardrail pattern {pattern!r}: {problem}")
+    return re.compile(pattern, flags)
