@@ -75,11 +75,14 @@ def build_fake_upstream(seen: Seen | None = None) -> FastAPI:
             seen.in_flight += 1
             produced = 0
             try:
+
                 def chunk(choices, u=None):
                     obj = {"id": rid, "object": "chat.completion.chunk", "created": 1,
                            "model": body.get("model"), "choices": choices}  # fmt: skip
                     if include:
-                        obj["usage"] = u if u is not None else (usage(body, produced) if continuous else None)
+                        obj["usage"] = (
+                            u if u is not None else (usage(body, produced) if continuous else None)
+                        )
                     return sse(obj)
 
                 for i in range(n):
@@ -100,7 +103,9 @@ def build_fake_upstream(seen: Seen | None = None) -> FastAPI:
                             yield chunk([{"index": i, "delta": {"tool_calls": [{"index": k, "function": {"arguments": part}}]},
                                           "logprobs": None, "finish_reason": None}])  # fmt: skip
                     finish = "tool_calls" if script["tool_calls"] else "stop"
-                    yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
+                    yield chunk(
+                        [{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}]
+                    )
                 if include:
                     yield chunk([], usage(body, produced))
                 yield sse("[DONE]")
@@ -131,12 +136,16 @@ def build_fake_upstream(seen: Seen | None = None) -> FastAPI:
                 obj = {"id": rid, "object": "text_completion", "created": 1, "model": body.get("model"),
                        "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}]}  # fmt: skip
                 if options.get("include_usage"):
-                    obj["usage"] = usage(body, produced) if options.get("continuous_usage_stats") else None
+                    obj["usage"] = (
+                        usage(body, produced) if options.get("continuous_usage_stats") else None
+                    )
                 yield sse(obj)
             obj = {"id": rid, "object": "text_completion", "created": 1, "model": body.get("model"),
                    "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}]}  # fmt: skip
             if options.get("include_usage"):
-                obj["usage"] = usage(body, produced) if options.get("continuous_usage_stats") else None
+                obj["usage"] = (
+                    usage(body, produced) if options.get("continuous_usage_stats") else None
+                )
             yield sse(obj)
             if options.get("include_usage"):
                 yield sse({"id": rid, "object": "text_completion", "created": 1, "model": body.get("model"),
@@ -147,7 +156,10 @@ def build_fake_upstream(seen: Seen | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": "m", "object": "model", "created": 1, "owned_by": "t"}]}
+        return {
+            "object": "list",
+            "data": [{"id": "m", "object": "model", "created": 1, "owned_by": "t"}],
+        }
 
     @app.get("/health")
     async def health():

@@ -22,6 +22,7 @@ ADMIN_KEY = "admin-" + "x" * 40
 def write_config(tmp_path: Path, extra: dict[str, Any] | None = None) -> Path:
     config = {
         "database": str(tmp_path / "gateway.sqlite3"),
+        "journal": str(tmp_path / "journal"),
         "admin_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest(),
         "prices": {"default": {"input": 1.0, "cached_input": 0.5, "output": 2.0}},
         **(extra or {}),
@@ -40,7 +41,9 @@ class Harness:
     def client(self, key: str | None) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         transport = httpx.ASGITransport(app=self.app)
-        return httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers, timeout=30)
+        return httpx.AsyncClient(
+            transport=transport, base_url="http://gw", headers=headers, timeout=30
+        )
 
     async def new_key(self, **fields: Any) -> tuple[str, str]:
         async with self.client(ADMIN_KEY) as admin:

@@ -91,7 +91,9 @@ def test_requests_per_minute_admit_exactly_the_limit_under_concurrency(harness):
     async def main():
         key, _ = await harness.new_key(rpm=7)
         async with harness.client(key) as c:
-            replies = await asyncio.gather(*[c.post("/v1/chat/completions", json=CHAT) for _ in range(20)])
+            replies = await asyncio.gather(
+                *[c.post("/v1/chat/completions", json=CHAT) for _ in range(20)]
+            )
         codes = [r.status_code for r in replies]
         assert codes.count(200) == 7 and codes.count(429) == 13
         limited = next(r for r in replies if r.status_code == 429)
@@ -106,7 +108,9 @@ def test_max_parallel_admits_exactly_the_limit(harness):
         key, _ = await harness.new_key(max_parallel=3)
         slow = {**CHAT, "stream": True, "x_script": {"pieces": ["a", "b"], "delay": 0.3}}
         async with harness.client(key) as c:
-            replies = await asyncio.gather(*[c.post("/v1/chat/completions", json=slow) for _ in range(10)])
+            replies = await asyncio.gather(
+                *[c.post("/v1/chat/completions", json=slow) for _ in range(10)]
+            )
             codes = [r.status_code for r in replies]
             assert codes.count(200) == 3 and codes.count(429) == 7
             # the slots come back when the requests end
@@ -155,7 +159,9 @@ def test_a_key_sees_only_its_own_usage(harness):
                 await c.post("/v1/chat/completions", json=CHAT)
         async with harness.client(b) as c:
             await c.post("/v1/chat/completions", json=CHAT)
-            own = (await c.get("/v1/usage", params={"group_by": "key", "include_requests": "true"})).json()
+            own = (
+                await c.get("/v1/usage", params={"group_by": "key", "include_requests": "true"})
+            ).json()
             assert [row["requests"] for row in own["data"]] == [1]
             assert {r["key_id"] for r in own["requests"]} == {b_id}
             other = await c.get("/v1/usage", params={"key_id": a_id})

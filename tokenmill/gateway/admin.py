@@ -73,7 +73,9 @@ def build_admin_app(gateway) -> FastAPI:
 
     def check_policy(spec: KeySpec) -> JSONResponse | None:
         if spec.tool_policy is not None and spec.tool_policy not in gateway.config.tool_policies:
-            return _error(400, f"tool_policy: no policy named {spec.tool_policy!r}", "invalid_value")
+            return _error(
+                400, f"tool_policy: no policy named {spec.tool_policy!r}", "invalid_value"
+            )
         return None
 
     @app.post("/admin/keys")
@@ -116,7 +118,9 @@ def build_admin_app(gateway) -> FastAPI:
             return spec
         if (bad := check_policy(spec)) is not None:
             return bad
-        await asyncio.to_thread(keys_table.update_key, db, key.id, **stored_fields(spec, only_set=True))
+        await asyncio.to_thread(
+            keys_table.update_key, db, key.id, **stored_fields(spec, only_set=True)
+        )
         await asyncio.to_thread(gateway.keys.reload)
         return public_key(await asyncio.to_thread(keys_table.get_key, db, key.id))
 
@@ -130,7 +134,10 @@ def build_admin_app(gateway) -> FastAPI:
         secret = new_secret()
         await asyncio.to_thread(keys_table.replace_hash, db, key.id, hash_key(secret))
         await asyncio.to_thread(gateway.keys.reload)
-        return {"key": secret, **public_key(await asyncio.to_thread(keys_table.get_key, db, key.id))}
+        return {
+            "key": secret,
+            **public_key(await asyncio.to_thread(keys_table.get_key, db, key.id)),
+        }
 
     @app.delete("/admin/keys/{key_id}")
     async def revoke(key_id: str):
@@ -147,11 +154,14 @@ def build_admin_app(gateway) -> FastAPI:
             out: dict[str, Any] = {
                 "object": "list",
                 "group_by": group_by,
-                "data": queries.usage_rollup(db, key_id=key_id, team=team, since=since,
-                                             until=until, group_by=group_by),  # fmt: skip
+                "data": queries.usage_rollup(
+                    db, key_id=key_id, team=team, since=since, until=until, group_by=group_by
+                ),  # fmt: skip
             }
             if rows:
-                found = queries.usage_rows(db, key_id=key_id, since=since, until=until, limit=MAX_ROWS)
+                found = queries.usage_rows(
+                    db, key_id=key_id, since=since, until=until, limit=MAX_ROWS
+                )
                 out["requests"] = [asdict(r) for r in found]
             return out
 
@@ -173,7 +183,9 @@ def build_admin_app(gateway) -> FastAPI:
         since: float | None = Query(None, ge=0, le=1e11),
         limit: int = Query(100, ge=1, le=MAX_ROWS),
     ):
-        found = await asyncio.to_thread(queries.guardrail_events, db, key_id=key_id, since=since, limit=limit)
+        found = await asyncio.to_thread(
+            queries.guardrail_events, db, key_id=key_id, since=since, limit=limit
+        )
         return {"object": "list", "data": [asdict(e) for e in found]}
 
     @app.get("/admin/tool_call_events")
@@ -182,7 +194,9 @@ def build_admin_app(gateway) -> FastAPI:
         since: float | None = Query(None, ge=0, le=1e11),
         limit: int = Query(100, ge=1, le=MAX_ROWS),
     ):
-        found = await asyncio.to_thread(queries.tool_call_events, db, key_id=key_id, since=since, limit=limit)
+        found = await asyncio.to_thread(
+            queries.tool_call_events, db, key_id=key_id, since=since, limit=limit
+        )
         return {"object": "list", "data": [asdict(e) for e in found]}
 
     @app.get("/v1/usage")
@@ -198,7 +212,9 @@ def build_admin_app(gateway) -> FastAPI:
         if key is None:  # the admin key: anyone's usage
             return await usage_reply(key_id, None, since, until, group_by, include_requests)
         if key_id is not None and key_id != key.id:
-            return _error(403, "a key sees only its own usage", "permission_denied", "permission_error")
+            return _error(
+                403, "a key sees only its own usage", "permission_denied", "permission_error"
+            )
         return await usage_reply(key.id, None, since, until, group_by, include_requests)
 
     return app

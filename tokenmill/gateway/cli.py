@@ -8,7 +8,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
 from datetime import UTC, datetime
 
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -153,7 +152,14 @@ def cmd_usage(args: argparse.Namespace) -> int:
         _show(rows)
         return 0
     table = Table(title=f"usage by {args.group_by}")
-    columns = ["group", "requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd"]
+    columns = [
+        "group",
+        "requests",
+        "prompt_tokens",
+        "cached_tokens",
+        "completion_tokens",
+        "cost_usd",
+    ]
     for c in columns:
         table.add_column(c, justify="left" if c == "group" else "right")
     for row in rows:
@@ -181,7 +187,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def add_gateway_parsers(sub) -> None:
-    keys = sub.add_parser("keys", help="gateway API keys: create, list, show, update, rotate, revoke")
+    keys = sub.add_parser(
+        "keys", help="gateway API keys: create, list, show, update, rotate, revoke"
+    )
     actions = keys.add_subparsers(dest="keys_action", required=True)
     create = actions.add_parser("create", help="a new key (printed once)")
     _key_fields(create)
@@ -192,7 +200,11 @@ def add_gateway_parsers(sub) -> None:
         p.add_argument("key_id")
         if name == "update":
             _key_fields(p)
-    for p in (create, listing, *[actions.choices[n] for n in ("show", "update", "rotate", "revoke")]):
+    for p in (
+        create,
+        listing,
+        *[actions.choices[n] for n in ("show", "update", "rotate", "revoke")],
+    ):
         _database_args(p)
     keys.set_defaults(func=cmd_keys)
 

@@ -29,7 +29,11 @@ def json_response(status: int, payload: dict[str, Any], headers: list | None = N
     start = {
         "type": "http.response.start",
         "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(headers or [])],
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *(headers or []),
+        ],
     }
     return start, {"type": "http.response.body", "body": body, "more_body": False}
 
@@ -47,7 +51,11 @@ class Exchange:
         self.receive = receive
         self.send = send
         self.key = key
-        self.request_id = (scope.get("state") or {}).get("request_id") or _header(scope, b"x-request-id") or gateway.new_request_id()
+        self.request_id = (
+            (scope.get("state") or {}).get("request_id")
+            or _header(scope, b"x-request-id")
+            or gateway.new_request_id()
+        )
         self.started = time.monotonic()
         self.ctx: ExchangeContext | None = None
         self.admission: Admission | None = None
@@ -65,7 +73,9 @@ class Exchange:
         try:
             body_bytes = await self._read_body()
         except ValueError as e:
-            return await self._reply(413, error_envelope(str(e), "invalid_request_error", "body_too_large"))
+            return await self._reply(
+                413, error_envelope(str(e), "invalid_request_error", "body_too_large")
+            )
         body = _parse(body_bytes)
         if body is None:  # the app answers with its precise 400
             return await self._forward(body_bytes, None)
@@ -91,7 +101,7 @@ class Exchange:
             model=model,
             stream=body.get("stream") is True,
             guardrails=self.config.guardrails,
-            output_rules=self.gw.output_rules_modify,
+            output_rules=self.gw.has_output_rules,
             policy=self.config.tool_policy(self.key.tool_policy),
             tools=declared_tools(body),
         )
@@ -118,7 +128,11 @@ class Exchange:
         await self.gw.limiter.load_budget(key, time.time())
         price = self.config.price(model)
         max_tokens = next(
-            (body[k] for k in ("max_tokens", "max_completion_tokens", "max_output_tokens") if k in body),
+            (
+                body[k]
+                for k in ("max_tokens", "max_completion_tokens", "max_output_tokens")
+                if k in body
+            ),
             None,
         )
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
@@ -126,14 +140,20 @@ class Exchange:
         estimate = price.cost(self.body_size // 4, 0, min(max_tokens, 1 << 20))
         verdict = self.gw.limiter.admit(key, self.config.defaults, estimate)
         if isinstance(verdict, Rejection):
-            headers = [(b"retry-after", str(verdict.retry_after).encode())] if verdict.retry_after else []
-            await self._reject(verdict.status, error_envelope(verdict.message, verdict.type, verdict.code), headers)
+            headers = (
+                [(b"retry-after", str(verdict.retry_after).encode())] if verdict.retry_after else []
+            )
+            await self._reject(
+                verdict.status, error_envelope(verdict.message, verdict.type, verdict.code), headers
+            )
             return False
         self.admission = verdict
         self.gw.metrics.requests.labels("admitted").inc()
         return True
 
-    async def _reject(self, status: int, payload: dict[str, Any], headers: list | None = None) -> None:
+    async def _reject(
+        self, status: int, payload: dict[str, Any], headers: list | None = None
+    ) -> None:
         self.status = status
         self.ctx.error_code = payload["error"].get("code")
         self.gw.metrics.requests.labels(payload["error"].get("code") or str(status)).inc()
@@ -153,14 +173,18 @@ class Exchange:
                     "invalid_request_error", "unscannable_input", "prompt"))  # fmt: skip
                 return None
             texts = [r.text for r in refs]
-            verdict = await check_input(self.config.guardrails, texts, judge=self.gw.judge_for(ctx.model))
+            verdict = await check_input(
+                self.config.guardrails, texts, judge=self.gw.judge_for(ctx.model)
+            )
             self._decisions(verdict.decisions)
             if verdict.blocked is not None:
                 await self._reject(400, error_envelope(
                     blocked_message(verdict.blocked), "invalid_request_error", "guardrail_blocked"))  # fmt: skip
                 return None
             if verdict.fallback is not None:
-                await self._fallback(body, verdict.replacement or self.gw.fallback_text(verdict.fallback))
+                await self._fallback(
+                    body, verdict.replacement or self.gw.fallback_text(verdict.fallback)
+                )
                 return None
             changed = False
             for ref, text in zip(refs, verdict.texts, strict=True):
@@ -183,8 +207,16 @@ class Exchange:
             events = self.adapter.fallback_events(body, text, ctx)
             ctx.output_started()
             self._finish_record()
-            await self.send({"type": "http.response.start", "status": 200, "headers": _sse_headers()})
-            await self.send({"type": "http.response.body", "body": b"".join(e.encode() for e in events), "more_body": False})
+            await self.send(
+                {"type": "http.response.start", "status": 200, "headers": _sse_headers()}
+            )
+            await self.send(
+                {
+                    "type": "http.response.body",
+                    "body": b"".join(e.encode() for e in events),
+                    "more_body": False,
+                }
+            )
         else:
             self._finish_record()
             start, msg = json_response(200, self.adapter.fallback_json(body, text, ctx))
@@ -238,7 +270,11 @@ class Exchange:
     async def _forward(self, body: bytes, parsed: dict[str, Any] | None) -> None:
         sent = [False]
         scope = dict(self.scope)
-        scope["headers"] = [(k, v) for k, v in self.scope["headers"] if k not in (b"authorization", b"content-length")]
+        scope["headers"] = [
+            (k, v)
+            for k, v in self.scope["headers"]
+            if k not in (b"authorization", b"content-length")
+        ]
         scope["headers"].append((b"content-length", str(len(body)).encode()))
         relay = _Relay(self)
         try:
@@ -249,7 +285,9 @@ class Exchange:
             if not self.finished and relay.started and not self.client_gone:
                 await relay.close()
 
-    async def _reply(self, status: int, payload: dict[str, Any], headers: list | None = None) -> None:
+    async def _reply(
+        self, status: int, payload: dict[str, Any], headers: list | None = None
+    ) -> None:
         start, msg = json_response(status, payload, headers)
         self.finished = True
         await self.send(start)
@@ -258,9 +296,10 @@ class Exchange:
     async def client_send(self, message: dict[str, Any]) -> None:
         try:
             await self.send(message)
-        except OSError:
+        except OSError:  # the client left (ASGI 2.4 servers say so here): the app stops too
             self.client_gone = True
             self.cut.set()
+            raise
 
     # ------------------------------------------------------------ the ledger
 
@@ -327,7 +366,9 @@ class _Relay:
         if message["type"] == "http.response.start":
             self.started = True
             x.status = message["status"]
-            ctype = next((v for k, v in message.get("headers", []) if k.lower() == b"content-type"), b"")
+            ctype = next(
+                (v for k, v in message.get("headers", []) if k.lower() == b"content-type"), b""
+            )
             if ctype.startswith(b"text/event-stream") and x.ctx is not None:
                 self.mode = "stream"
                 self.rewriter = x.adapter.stream_rewriter(x.body, x.ctx)
@@ -384,12 +425,18 @@ class _Relay:
             if out is None:  # blocked by an output rule
                 decision = next(d for d in reversed(x.ctx.decisions) if d.action == "block")
                 status = x.status = 400
-                body = json.dumps(error_envelope(blocked_message(decision), "invalid_request_error", "guardrail_blocked")).encode()
+                body = json.dumps(
+                    error_envelope(
+                        blocked_message(decision), "invalid_request_error", "guardrail_blocked"
+                    )
+                ).encode()
             else:
                 body = json.dumps(out, ensure_ascii=False).encode()
         elif obj is not None and isinstance(obj.get("error"), dict):
             x.ctx.error_code = obj["error"].get("code") or obj["error"].get("type")
-        headers = [(k, v) for k, v in self.start.get("headers", []) if k.lower() != b"content-length"]
+        headers = [
+            (k, v) for k, v in self.start.get("headers", []) if k.lower() != b"content-length"
+        ]
         headers.append((b"content-length", str(len(body)).encode()))
         x.finished = True
         x._finish_record()
@@ -400,7 +447,9 @@ class _Relay:
         """The app stopped without ending its body (an error): end it cleanly."""
         x = self.x
         if self.mode == "stream":
-            events = [Event(error_envelope("the response ended early", "server_error", "upstream_error"))]
+            events = [
+                Event(error_envelope("the response ended early", "server_error", "upstream_error"))
+            ]
             if x.adapter.endpoint != "responses":
                 events.append(Event("[DONE]"))
             await self._send_events(events, final=True)
@@ -425,3 +474,52 @@ def _header(scope, name: bytes) -> str | None:
 
 def _sse_headers() -> list[tuple[bytes, bytes]]:
     return [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+async def filtered_read(gw, adapter, scope, receive, send, key: StoredKey) -> None:
+    """A stored object read back (GET /v1/responses/{id}): the same output filters and tool
+    policy as when it was made, so a redacted answer stays redacted. Nothing is metered."""
+    from tokenmill.gateway.endpoints.common import ExchangeContext
+
+    start: dict[str, Any] = {}
+    body = bytearray()
+
+    async def capture(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message)
+        elif message["type"] == "http.response.body":
+            body.extend(message.get("body", b""))
+
+    headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
+    await gw.app({**scope, "headers": headers}, receive, capture)
+    config = gw.config
+    obj = _parse(bytes(body))
+    out = bytes(body)
+    if obj is not None and 200 <= start.get("status", 500) < 300:
+        ctx = ExchangeContext(
+            request_id="", endpoint=adapter.endpoint, model=str(obj.get("model", "")),
+            stream=False, guardrails=config.guardrails, output_rules=gw.has_output_rules,
+            policy=config.tool_policy(key.tool_policy), tools={},
+        )  # fmt: skip
+        ctx.tools = {
+            t.get("name"): t.get("parameters")
+            for t in obj.get("tools") or []
+            if isinstance(t, dict)
+        }
+        filtered = adapter.transform_json(obj, ctx)
+        if filtered is None:
+            status = 400
+            out = json.dumps(
+                error_envelope(
+                    "the stored output is blocked by policy",
+                    "invalid_request_error",
+                    "guardrail_blocked",
+                )
+            ).encode()
+            start["status"] = status
+        else:
+            out = json.dumps(filtered, ensure_ascii=False).encode()
+    head = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+    head.append((b"content-length", str(len(out)).encode()))
+    await send({"type": "http.response.start", "status": start.get("status", 500), "headers": head})
+    await send({"type": "http.response.body", "body": out, "more_body": False})

@@ -55,9 +55,8 @@ class Gateway:
     def _derive(self) -> None:
         rules = self.config.guardrails.rules
         self.has_input_rules = any("input" in r.stages for r in rules)
-        self.output_rules_modify = any(
-            "output" in r.stages and r.action != "audit" for r in rules
-        )
+        self.has_output_rules = any("output" in r.stages for r in rules)
+        self.output_rules_modify = any("output" in r.stages and r.action != "audit" for r in rules)
         self._fallbacks = {r.name: r.fallback for r in rules if r.fallback}
 
     def fallback_text(self, decision) -> str:

@@ -23,7 +23,12 @@ class KeySpec(BaseModel):
     budget_usd: Annotated[float, Field(ge=0, le=1e9)] | None = None
     budget_period: Literal["day", "month", "total"] | None = None
     tool_policy: Name | None = None
-    metadata: Annotated[dict[Name, Annotated[str, StringConstraints(max_length=2000)]], Field(max_length=64)] | None = None
+    metadata: (
+        Annotated[
+            dict[Name, Annotated[str, StringConstraints(max_length=2000)]], Field(max_length=64)
+        ]
+        | None
+    ) = None
     expires_at: Annotated[float, Field(ge=0, le=1e11)] | None = None
 
 

@@ -117,7 +117,10 @@ class Limiter:
         parallel = key.max_parallel if key.max_parallel is not None else defaults.max_parallel
         if parallel is not None and usage.in_flight >= parallel:
             return Rejection(
-                429, f"at most {parallel} requests in parallel for this key", "parallel_limit", retry_after=1
+                429,
+                f"at most {parallel} requests in parallel for this key",
+                "parallel_limit",
+                retry_after=1,
             )
         if key.budget_usd is not None and usage.spent + usage.reserved >= key.budget_usd:
             period = key.budget_period or "total"
@@ -127,7 +130,10 @@ class Limiter:
                 "budget_exceeded",
                 "insufficient_quota",
             )
-        for bucket_attr, limit, amount, what in (("rpm", rpm, 1.0, "requests"), ("tpm", tpm, 1e-9, "tokens")):
+        for bucket_attr, limit, amount, what in (
+            ("rpm", rpm, 1.0, "requests"),
+            ("tpm", tpm, 1e-9, "tokens"),
+        ):
             if limit is None:
                 setattr(usage, bucket_attr, None)
                 continue

@@ -13,7 +13,10 @@ class GatewayMetrics:
         r = registry or CollectorRegistry()
         p = "tokenmill:gateway_"
         self.requests = Counter(
-            p + "requests_total", "generation requests by admission outcome", ["outcome"], registry=r
+            p + "requests_total",
+            "generation requests by admission outcome",
+            ["outcome"],
+            registry=r,
         )
         self.unauthorized = Counter(
             p + "unauthorized_total", "requests refused for their key", ["reason"], registry=r
@@ -25,7 +28,9 @@ class GatewayMetrics:
         self.tool_calls = Counter(
             p + "tool_calls_total", "proposed tool calls by policy verdict", ["verdict"], registry=r
         )
-        self.spend = Counter(p + "spend_usd_total", "cost of the metered requests (USD)", registry=r)
+        self.spend = Counter(
+            p + "spend_usd_total", "cost of the metered requests (USD)", registry=r
+        )
         self.ledger_pending = Gauge(
             p + "ledger_pending_rows", "ledger rows journaled, not yet in the database", registry=r
         )

@@ -5,11 +5,12 @@ open paths pass; /admin and /v1/usage are answered here; every other path needs 
 from __future__ import annotations
 
 import json
+import re
 
 from tokenmill.gateway.admin import build_admin_app, is_admin
 from tokenmill.gateway.endpoints.chat import ChatAdapter, CompletionAdapter
 from tokenmill.gateway.endpoints.responses import ResponsesAdapter
-from tokenmill.gateway.exchange import Exchange
+from tokenmill.gateway.exchange import Exchange, filtered_read
 from tokenmill.gateway.keys import bearer_token
 
 ADAPTERS = {
@@ -17,6 +18,7 @@ ADAPTERS = {
     "/v1/completions": CompletionAdapter(),
     "/v1/responses": ResponsesAdapter(),
 }
+_STORED_RESPONSE = re.compile(r"/v1/responses/[^/]+")
 _MESSAGES = {
     "missing": "Missing API key: send 'Authorization: Bearer KEY'.",
     "unknown": "Incorrect API key provided.",
@@ -52,13 +54,19 @@ class GatewayMiddleware:
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         state = gw.keys.check(bearer_token(header))
         if state.problem is not None:
-            if path == "/v1/usage" and is_admin(gw, _Headers({"authorization": header.decode("latin-1")})):
+            if path == "/v1/usage" and is_admin(
+                gw, _Headers({"authorization": header.decode("latin-1")})
+            ):
                 return await self.admin(scope, receive, send)
             gw.metrics.unauthorized.labels(state.problem).inc()
             return await _unauthorized(send, _MESSAGES[state.problem])
         scope = {**scope, "state": {**(scope.get("state") or {}), "gateway_key": state.key}}
         if path == "/v1/usage":
             return await self.admin(scope, receive, send)
+        if scope["method"] == "GET" and _STORED_RESPONSE.fullmatch(path):
+            return await filtered_read(
+                gw, ADAPTERS["/v1/responses"], scope, receive, send, state.key
+            )
         adapter = ADAPTERS.get(path)
         if adapter is None or scope["method"] != "POST":
             headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
@@ -79,8 +87,14 @@ class GatewayMiddleware:
 
 async def _unauthorized(send, message: str) -> None:
     body = json.dumps(
-        {"error": {"message": message, "type": "invalid_request_error", "param": None,
-                   "code": "invalid_api_key"}}  # fmt: skip
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+        }  # fmt: skip
     ).encode()
     await send(
         {

@@ -16,7 +16,9 @@ class Event:
     name: str | None = None
 
     def encode(self) -> bytes:
-        text = self.data if isinstance(self.data, str) else json.dumps(self.data, ensure_ascii=False)
+        text = (
+            self.data if isinstance(self.data, str) else json.dumps(self.data, ensure_ascii=False)
+        )
         head = f"event: {self.name}\n" if self.name else ""
         return f"{head}data: {text}\n\n".encode()
 

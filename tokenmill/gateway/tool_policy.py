@@ -148,7 +148,9 @@ def check_tool_call(
     for text in _strings(parsed):
         for pattern in policy.deny_patterns:
             if pattern.search(text):
-                return ToolCallVerdict(False, f"an argument matches deny pattern {pattern.pattern!r}")
+                return ToolCallVerdict(
+                    False, f"an argument matches deny pattern {pattern.pattern!r}"
+                )
         if policy.allowed_hosts is not None:
             for url in _URL.findall(text):
                 host = (urlsplit(url).hostname or "").lower()

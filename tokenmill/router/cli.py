@@ -116,7 +116,10 @@ def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None
         logging.getLogger("tokenmill.router.decision").setLevel(logging.DEBUG)
     router = Router(config, specs)
     app = build_router_app(
-        router, PromptHasher.from_model(model), api_key=api_key, protect_metrics=protect_metrics,
+        router,
+        PromptHasher.from_model(model),
+        api_key=api_key,
+        protect_metrics=protect_metrics,
         gateway_config=gateway_config,
     )
     logger.warning(

@@ -276,8 +276,10 @@ class CompletionAdapter(ChatAdapter):
         choice["text"] = text or ""
 
     def empty_choice(self, choice: dict[str, Any]) -> bool:
-        return not choice.get("text") and choice.get("finish_reason") is None and not choice.get(
-            "logprobs"
+        return (
+            not choice.get("text")
+            and choice.get("finish_reason") is None
+            and not choice.get("logprobs")
         )
 
 

@@ -41,7 +41,7 @@ class ExchangeContext:
     model: str
     stream: bool
     guardrails: GuardrailsConfig
-    output_rules: bool  # any output rule that can change text
+    output_rules: bool  # any output rule at all (else text is not held back)
     policy: ToolPolicy | None
     tools: dict[str, Any]
     client_include_usage: bool = False
@@ -79,7 +79,8 @@ class TextFilter:
 
     def __init__(self, ctx: ExchangeContext) -> None:
         self.ctx = ctx
-        self.checker = OutputChecker(ctx.guardrails)
+        # no output rules: text passes as it comes (no hold-back window)
+        self.checker = OutputChecker(ctx.guardrails) if ctx.output_rules else None
         self.emitted: list[str] = []
         self.stopped: Decision | None = None
         self.modified = False
@@ -95,11 +96,13 @@ class TextFilter:
     def feed(self, text: str) -> FilterStep:
         if self.stopped is not None or not text:
             return FilterStep("")
-        step = self._take(self.checker.feed(text), text)
-        return step
+        if self.checker is None:
+            self.emitted.append(text)
+            return FilterStep(text)
+        return self._take(self.checker.feed(text), text)
 
     def finish(self) -> FilterStep:
-        if self.stopped is not None:
+        if self.stopped is not None or self.checker is None:
             return FilterStep("")
         return self._take(self.checker.finish(), None)
 

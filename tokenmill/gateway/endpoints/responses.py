@@ -162,7 +162,9 @@ class ResponsesAdapter:
                     output[i] = _message_item(ctx.policy.refusal)
         return obj
 
-    def stream_rewriter(self, body: dict[str, Any], ctx: ExchangeContext) -> ResponsesStreamRewriter:
+    def stream_rewriter(
+        self, body: dict[str, Any], ctx: ExchangeContext
+    ) -> ResponsesStreamRewriter:
         return ResponsesStreamRewriter(self, ctx)
 
 
@@ -224,7 +226,9 @@ class ResponsesStreamRewriter:
                     return self._stop(ev, key, step)
                 if step.emit:
                     self.ctx.output_started()
-                    delta = {k: ev[k] for k in ("item_id", "output_index", "content_index") if k in ev}
+                    delta = {
+                        k: ev[k] for k in ("item_id", "output_index", "content_index") if k in ev
+                    }
                     out.append(self._emit({"type": "response.output_text.delta", **delta,
                                            "delta": step.emit, "logprobs": []}))  # fmt: skip
             return [*out, self._emit({**ev, "text": self._text_of(ev)})]
@@ -292,10 +296,16 @@ class ResponsesStreamRewriter:
         ref = {"item_id": refusal["id"], "output_index": index, "content_index": 0}
         opened = {**refusal, "status": "in_progress", "content": []}
         return [
-            self._emit({"type": "response.output_item.added", "output_index": index, "item": opened}),
+            self._emit(
+                {"type": "response.output_item.added", "output_index": index, "item": opened}
+            ),
             self._emit({"type": "response.content_part.added", **ref, "part": _text_part("")}),
-            self._emit({"type": "response.output_text.delta", **ref, "delta": text, "logprobs": []}),
+            self._emit(
+                {"type": "response.output_text.delta", **ref, "delta": text, "logprobs": []}
+            ),
             self._emit({"type": "response.output_text.done", **ref, "text": text, "logprobs": []}),
             self._emit({"type": "response.content_part.done", **ref, "part": _text_part(text)}),
-            self._emit({"type": "response.output_item.done", "output_index": index, "item": refusal}),
+            self._emit(
+                {"type": "response.output_item.done", "output_index": index, "item": refusal}
+            ),
         ]

@@ -1,0 +1,123 @@
+"""`tokenmill keys / usage / gateway migrate`, the config's errors (each names its key) and
+its reload while requests run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.gateway.harness import make_harness
+from tokenmill.gateway.config import parse_gateway_config
+from tokenmill.gateway.errors import GatewayConfigError
+
+
+def tm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tokenmill.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_keys_cli_round_trip(tmp_path):
+    db = str(tmp_path / "gw.sqlite3")
+    out = tm("gateway", "migrate", "--database", db)
+    assert out.returncode == 0 and "schema version 0 ->" in out.stdout, out.stderr
+    out = tm("keys", "create", "--database", db, "--name", "ci", "--team", "ml", "--models", "a,b",
+             "--rpm", "60", "--budget-usd", "5", "--budget-period", "month", "--metadata", "env=prod",
+             "--expires-in", "30d")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    created = json.loads(out.stdout)
+    secret, key_id = created["key"], created["id"]
+    assert secret.startswith("tm-") and created["models"] == ["a", "b"] and created["rpm"] == 60
+    assert (
+        created["metadata"] == {"env": "prod"} and created["expires_at"] > time.time() + 29 * 86400
+    )
+    listed = json.loads(tm("keys", "list", "--database", db).stdout)
+    assert [k["id"] for k in listed] == [key_id] and secret not in str(listed)
+    rotated = json.loads(tm("keys", "rotate", key_id, "--database", db).stdout)["key"]
+    assert rotated != secret
+    updated = json.loads(tm("keys", "update", key_id, "--database", db, "--rpm", "10").stdout)
+    assert updated["rpm"] == 10 and updated["team"] == "ml"
+    assert tm("keys", "revoke", key_id, "--database", db).returncode == 0
+    assert json.loads(tm("keys", "list", "--database", db).stdout) == []
+    bad = tm("keys", "create", "--database", db, "--rpm", "0")
+    assert bad.returncode == 2 and "rpm" in bad.stderr
+    assert tm("keys", "show", "key_missing", "--database", db).returncode == 2
+    out = tm("usage", "--database", db, "--json")
+    assert out.returncode == 0 and json.loads(out.stdout) == []
+    assert secret not in (tmp_path / "gw.sqlite3").read_bytes().decode("latin-1")
+
+
+BAD_CONFIGS = [
+    ({"databse": "x"}, "databse"),
+    ({"prices": {"default": {"input": -1}}}, "prices.default.input"),
+    ({"prices": {"m": {"outptu": 1}}}, "prices.m.outptu"),
+    ({"defaults": {"rpm": 0}}, "defaults.rpm"),
+    ({"defaults": {"rpm": 1.5}}, "defaults.rpm"),
+    ({"admin_key_sha256": "abc"}, "admin_key_sha256"),
+    ({"tool_policies": {"p": {"allow": "x"}}}, "tool_policies.p.allow"),
+    ({"tool_policies": {"p": {"deny_patterns": ["("]}}}, "tool_policies.p.deny_patterns[0]"),
+    ({"tool_policies": {"p": {"allwo": []}}}, "tool_policies.p.allwo"),
+    ({"default_tool_policy": "nope"}, "default_tool_policy"),
+    ({"open_paths": ["health"]}, "open_paths"),
+    ({"guardrails": {"rules": [{"name": "r", "scanner": "regex", "pattern": "(", "action": "block"}]}},
+     "guardrails.rules[0]"),
+    ({"guardrails": {"rules": [{"name": "r", "scanner": "pii", "action": "explode"}]}},
+     "guardrails.rules[0].action"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("raw", "where"), BAD_CONFIGS)
+def test_config_errors_name_the_key(tmp_path, raw, where):
+    with pytest.raises(GatewayConfigError) as err:
+        parse_gateway_config(raw, tmp_path)
+    assert err.value.path.startswith(where), (err.value.path, where)
+    assert where in str(err.value)
+
+
+def test_serve_refuses_a_bad_config_before_loading_the_model(tmp_path):
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump({"defaults": {"tpm": -3}}))
+    out = tm("serve", "--gateway-config", str(path))
+    assert out.returncode == 2 and "defaults.tpm" in out.stderr
+
+
+def test_config_reload_applies_new_rules_without_dropping_requests(tmp_path):
+    h = make_harness(tmp_path)
+
+    async def main():
+        key, _ = await h.new_key()
+        async with h.client(key) as c:
+            slow = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
+                    "x_script": {"pieces": ["Acme Corp"] * 5, "delay": 0.1}}  # fmt: skip
+            running = asyncio.ensure_future(c.post("/v1/chat/completions", json=slow))
+            await asyncio.sleep(0.1)
+            config = yaml.safe_load(h.gateway.config_path.read_text())
+            config["guardrails"] = {"rules": [{"name": "acme", "scanner": "deny_list", "terms": ["acme corp"],
+                                               "action": "fallback", "fallback": "no."}]}  # fmt: skip
+            h.gateway.config_path.write_text(yaml.safe_dump(config))
+            assert h.gateway.reload_config()
+            first = await running  # started under the old config: untouched
+            assert first.status_code == 200 and first.text.count("Acme Corp") == 5
+            reply = await c.post(
+                "/v1/chat/completions",
+                json={**slow, "stream": False, "x_script": {"pieces": ["Acme Corp"]}},
+            )
+            assert reply.json()["choices"][0]["message"]["content"] == "no."
+            h.gateway.config_path.write_text(
+                "guardrails: [oops"
+            )  # a broken file keeps the running config
+            assert not h.gateway.reload_config()
+            reply = await c.post(
+                "/v1/chat/completions",
+                json={**slow, "stream": False, "x_script": {"pieces": ["Acme Corp"]}},
+            )
+            assert reply.json()["choices"][0]["message"]["content"] == "no."
+
+    asyncio.run(main())
+    h.close()

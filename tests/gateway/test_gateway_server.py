@@ -1,0 +1,299 @@
+"""The gateway in a real `tokenmill serve --gateway-config` on the embedded model, driven with
+the official openai client: guardrail actions (outputs pinned by JSON schemas), tool policy
+(calls forced by tool_choice), usage, limits, secrets kept out of logs, the ledger after a
+kill -9."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+import yaml
+from openai import BadRequestError, OpenAI, RateLimitError
+
+from tests.server.conftest import MODEL, start_server
+from tokenmill.gateway.store.database import open_database
+from tokenmill.gateway.store.ledger import Ledger
+
+ADMIN = "admin-" + "k" * 40
+EMAIL = "jane.doe@example.com"
+CONFIG = {
+    "admin_key_sha256": hashlib.sha256(ADMIN.encode()).hexdigest(),
+    "prices": {"default": {"input": 0.5, "cached_input": 0.25, "output": 1.5}},
+    "guardrails": {"rules": [
+        {"name": "emails", "scanner": "pii", "entities": ["email"], "action": "redact"},
+        {"name": "secrets", "scanner": "secrets", "action": "block", "stages": ["input"]},
+        {"name": "competitor", "scanner": "deny_list", "terms": ["acme corp"], "action": "fallback",
+         "fallback": "I can't discuss that.", "stages": ["input"]},
+        {"name": "audit-paris", "scanner": "regex", "pattern": "Paris", "action": "audit"},
+    ]},
+    "tool_policies": {"strict": {"allow": ["get_weather"], "refusal": "Tool call refused by policy."}},
+}  # fmt: skip
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "delete_files", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string", "enum": ["/"]}}, "required": ["path"]}}},
+]  # fmt: skip
+
+
+def schema_format(value: str) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"v": {"const": value}}, "required": ["v"],
+        "additionalProperties": False}}}  # fmt: skip
+
+
+def write_config(tmp_path) -> str:
+    path = tmp_path / "gateway.yaml"
+    config = {
+        **CONFIG,
+        "database": str(tmp_path / "gw.sqlite3"),
+        "journal": str(tmp_path / "journal"),
+    }
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gateway")
+    srv = start_server(tmp, "--gateway-config", write_config(tmp), "--max-num-seqs", "16")
+    srv.tmp = tmp
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def admin(gw) -> httpx.Client:
+    return httpx.Client(
+        base_url=gw.base_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60
+    )
+
+
+def new_key(gw, **fields) -> tuple[str, str]:
+    with admin(gw) as a:
+        reply = a.post("/admin/keys", json=fields)
+    assert reply.status_code == 201, reply.text
+    return reply.json()["key"], reply.json()["id"]
+
+
+def client(gw, key: str) -> OpenAI:
+    return OpenAI(base_url=gw.v1, api_key=key, max_retries=0, timeout=120)
+
+
+def chat_text(c: OpenAI, stream: bool, **kw) -> tuple[str, object]:
+    args = dict(model=MODEL, temperature=0, max_tokens=kw.pop("max_tokens", 40), **kw)
+    if not stream:
+        reply = c.chat.completions.create(**args)
+        return reply.choices[0].message.content or "", reply
+    chunks = list(
+        c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **args)
+    )
+    return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices), chunks
+
+
+def test_keys_are_required_and_never_logged(gw):
+    key, _ = new_key(gw, name="plain")
+    for bad in ("unused", key + "x"):
+        with pytest.raises(Exception) as err:
+            client(gw, bad).models.list()
+        assert getattr(err.value, "status_code", None) == 401
+    assert client(gw, key).models.list().data[0].id == MODEL
+    assert httpx.get(f"{gw.base_url}/health").status_code == 200  # open path
+    chat_text(client(gw, key), False, messages=[{"role": "user", "content": "hi"}])
+    with admin(gw) as a:
+        a.get("/admin/usage")
+    time.sleep(0.5)
+    assert key not in gw.log() and ADMIN not in gw.log()
+    data = b"".join(
+        p.read_bytes() for p in gw.tmp.rglob("*") if p.is_file() and "server-" not in p.name
+    )
+    assert key.encode() not in data and ADMIN.encode() not in data
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_redact_and_audit_on_model_output(gw, stream):
+    key, key_id = new_key(gw)
+    c = client(gw, key)
+    msg = [{"role": "user", "content": "Give the contact."}]
+    text, _ = chat_text(c, stream, messages=msg, response_format=schema_format(f"mail {EMAIL} now"))
+    assert EMAIL not in text and "mail " in text and " now" in text
+    text, _ = chat_text(c, stream, messages=msg, response_format=schema_format("Paris"))
+    assert json.loads(text) == {"v": "Paris"}  # audit: untouched
+    with admin(gw) as a:
+        events = a.get("/admin/guardrail_events", params={"key_id": key_id}).json()["data"]
+    assert sorted((e["rule"], e["action"], e["matched_text"]) for e in events) == [
+        ("audit-paris", "audit", "Paris"), ("emails", "redact", EMAIL)]  # fmt: skip
+
+
+def test_input_block_and_fallback(gw):
+    key, _ = new_key(gw)
+    c = client(gw, key)
+    with pytest.raises(BadRequestError) as err:
+        chat_text(c, False, messages=[{"role": "user", "content": "key AKIAIOSFODNN7EXAMPLE ok?"}])
+    assert err.value.body["code"] == "guardrail_blocked" and "AKIA" not in str(err.value.body)
+    for stream in (False, True):
+        text, _ = chat_text(c, stream, messages=[{"role": "user", "content": "About ACME Corp?"}])
+        assert text == "I can't discuss that."
+    reply = c.responses.create(model=MODEL, input="What about Acme Corp?")
+    assert reply.output_text == "I can't discuss that."
+    events = list(c.responses.create(model=MODEL, input="What about Acme Corp?", stream=True))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == "I can't discuss that."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_policy_on_forced_calls_with_n(gw, stream):
+    key, key_id = new_key(gw, tool_policy="strict")
+    c = client(gw, key)
+    for name, allowed in (("delete_files", False), ("get_weather", True)):
+        args = dict(model=MODEL, temperature=0, max_tokens=60, n=2, tools=TOOLS,
+                    messages=[{"role": "user", "content": "Do it."}],
+                    tool_choice={"type": "function", "function": {"name": name}})  # fmt: skip
+        if stream:
+            chunks = list(c.chat.completions.create(stream=True, **args))
+            for index in range(2):
+                mine = [
+                    ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].index == index
+                ]
+                calls = [tc for ch in mine for tc in ch.delta.tool_calls or []]
+                text = "".join(ch.delta.content or "" for ch in mine)
+                if allowed:
+                    assert [tc.function.name for tc in calls] == ["get_weather"]
+                    assert json.loads(calls[0].function.arguments)["city"] in ("Paris", "Rome")
+                else:
+                    assert calls == [] and text.endswith("Tool call refused by policy.")
+        else:
+            reply = c.chat.completions.create(**args)
+            for choice in reply.choices:
+                if allowed:
+                    assert choice.message.tool_calls[0].function.name == "get_weather"
+                else:
+                    assert not choice.message.tool_calls
+                    assert choice.message.content.endswith("Tool call refused by policy.")
+    with admin(gw) as a:
+        audited = a.get("/admin/tool_call_events", params={"key_id": key_id}).json()["data"]
+    assert sorted((e["tool_name"], e["allowed"]) for e in audited) == sorted(
+        [("delete_files", False)] * 2 + [("get_weather", True)] * 2)  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_api_tool_policy_and_redaction(gw, stream):
+    key, _ = new_key(gw, tool_policy="strict")
+    c = client(gw, key)
+    tools = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
+             for t in TOOLS]  # fmt: skip
+    args = dict(model=MODEL, input="Do it.", tools=tools, max_output_tokens=40,
+                tool_choice={"type": "function", "name": "delete_files"})  # fmt: skip
+    if stream:
+        with c.responses.stream(**args) as s:
+            events = list(s)
+            final = s.get_final_response()
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+    else:
+        final = c.responses.create(**args)
+    assert not [o for o in final.output if o.type == "function_call"]
+    assert final.output_text.endswith("Tool call refused by policy.")
+    fmt = {"format": {"type": "json_schema", "name": "x", "strict": True,
+                      "schema": schema_format(f"to {EMAIL}")["json_schema"]["schema"]}}  # fmt: skip
+    reply = c.responses.create(
+        model=MODEL, input="Contact?", text=fmt, max_output_tokens=40, stream=False
+    )
+    assert EMAIL not in reply.output_text and "to " in reply.output_text
+    stored = c.responses.retrieve(reply.id)  # what the store kept is shown through the filter too
+    assert stored.output_text == reply.output_text
+
+
+def test_rate_limit_exact_on_the_server(gw):
+    key, _ = new_key(gw, rpm=5)
+    c = client(gw, key)
+    results = []
+
+    def one():
+        try:
+            chat_text(c, False, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            results.append(200)
+        except RateLimitError:
+            results.append(429)
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [200] * 5 + [429] * 7
+
+
+def test_usage_endpoint_matches_what_clients_were_told(gw):
+    key, key_id = new_key(gw)
+    c = client(gw, key)
+    told = [0, 0]
+    for i in range(6):
+        _, reply = chat_text(
+            c, i % 2 == 1, messages=[{"role": "user", "content": f"Count to {i}."}]
+        )
+        usage = reply.usage if i % 2 == 0 else reply[-1].usage
+        told[0] += usage.prompt_tokens
+        told[1] += usage.completion_tokens
+    with httpx.Client(base_url=gw.base_url, headers={"Authorization": f"Bearer {key}"}) as h:
+        own = h.get("/v1/usage", params={"group_by": "key"}).json()["data"]
+        assert h.get("/v1/usage", params={"key_id": "key_someone_else"}).status_code == 403
+        assert h.get("/admin/keys").status_code == 401
+    assert [(r["key_id"], r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in own] == [
+        (key_id, 6, told[0], told[1])]  # fmt: skip
+
+
+def test_kill_9_loses_no_completed_row(tmp_path):
+    srv = start_server(tmp_path, "--gateway-config", write_config(tmp_path), "--max-num-seqs", "8")
+    try:
+        key, _ = new_key(srv)
+        done: dict[str, int] = {}
+        stop = threading.Event()
+
+        def worker(w: int):
+            with httpx.Client(
+                base_url=srv.v1, headers={"Authorization": f"Bearer {key}"}, timeout=60
+            ) as h:
+                for i in range(1000):
+                    if stop.is_set():
+                        return
+                    rid = f"w{w}-{i}"
+                    try:
+                        r = h.post("/chat/completions", headers={"x-request-id": rid}, json={
+                            "model": MODEL, "max_tokens": 8, "temperature": 0,
+                            "messages": [{"role": "user", "content": f"Say {i}"}]})  # fmt: skip
+                    except httpx.HTTPError:
+                        return
+                    if r.status_code == 200:
+                        done[rid] = r.json()["usage"]["completion_tokens"]
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(6)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while len(done) < 30 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(srv.proc.pid, signal.SIGKILL)  # the API process: no shutdown, no flush
+        srv.proc.wait()
+        stop.set()
+        for t in threads:
+            t.join()
+        assert len(done) >= 30
+    finally:
+        srv.stop()
+        os.system(f"pkill -9 -f 'tokenmill.*{srv.base_url.rsplit(':', 1)[1]}' >/dev/null 2>&1")
+    ledger = Ledger.open(str(tmp_path / "gw.sqlite3"), tmp_path / "journal")  # replays the journal
+    try:
+        rows = dict(open_database(str(tmp_path / "gw.sqlite3")).fetchall(
+            "SELECT request_id, completion_tokens FROM usage"))  # fmt: skip
+    finally:
+        ledger.close()
+    missing = [rid for rid in done if rid not in rows]
+    assert not missing, f"{len(missing)} completed requests have no row"
+    assert all(rows[rid] == n for rid, n in done.items())
