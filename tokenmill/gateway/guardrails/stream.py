@@ -13,14 +13,17 @@ Otherwise text before T - (hold_back - step) is emitted, redact matches masked; 
 crossing that cut is settled as it stands and emitted whole.
 
 Limits: at most `hold_back_chars` characters are ever held. A match up to
-`hold_back - step + 1` characters (57 with the default 64) is caught whole, exactly as
-`check_text` finds it. A longer one (a PEM body, a long JWT) is caught by its first
-`hold_back - step` characters when the pattern already matches there, as the token
-patterns do (`sk-` + 20 chars...), which is enough to block or fall back; a redaction masks
-only that part and the rest may pass. Raise `hold_back_chars` (up to 4096) for long
-secrets. Length rules stop at the first examination past `max_chars`. Classifier rules run
+`hold_back - step - 1` characters (55 with the default 64; lookaheads of up to 2 chars) is
+caught whole, exactly as `check_text` finds it, unless it overlaps a match of another
+detector settled at an earlier examination (then it can be missed: e.g. an email whose
+local part starts inside a card number). A longer one (a PEM body, a long JWT) is caught by
+its first `hold_back - step` characters when the pattern already matches there, as the
+token patterns do (`sk-` + 20 chars...), which is enough to block or fall back; a
+redaction masks only that part and the rest may pass. Raise `hold_back_chars` (up to 4096)
+for long secrets. Length rules stop at the first examination past `max_chars`. Classifier rules run
 only at `finish_async` on the whole output (cut to `max_scan_chars`), so a streamed
-response can only be stopped at its end; non-streamed responses are checked whole."""
+response can only be stopped at its end; a non-streamed one (`check_output_async`) is judged
+before any of it is returned."""
 
 from __future__ import annotations
 
