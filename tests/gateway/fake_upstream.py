@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import uuid
 from typing import Any
 
@@ -61,6 +62,16 @@ def build_fake_upstream(seen: Seen | None = None) -> FastAPI:
                                            "param": None, "code": "scripted"}}, status_code=script["status"])  # fmt: skip
         n = body.get("n") or 1
         rid = "chatcmpl-" + uuid.uuid4().hex
+        if body.get("logprobs") and body.get("max_tokens") == 1:  # a judge's question
+            question = body["messages"][-1]["content"]
+            yes = 0.9 if "cats" in question.split("\n\n", 1)[-1] else 0.1
+            top = [{"token": " Yes", "logprob": math.log(yes * 0.7)}, {"token": "yes", "logprob": math.log(yes * 0.3)},
+                   {"token": " No", "logprob": math.log(1 - yes)}]  # fmt: skip
+            return {"id": rid, "object": "chat.completion", "created": 1, "model": body.get("model"),
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": top[0]["token"]},
+                                 "logprobs": {"content": [{**top[0], "bytes": None, "top_logprobs": top}]},
+                                 "finish_reason": "length"}],
+                    "usage": usage(body, 1)}  # fmt: skip
         if not body.get("stream"):
             calls = [{"id": f"call_{i}", "type": "function", "function": dict(c)} for i, c in enumerate(script["tool_calls"])]  # fmt: skip
             choices = [{"index": i, "message": {"role": "assistant", "content": "".join(script["pieces"]) or None,

@@ -233,3 +233,29 @@ def test_tool_policy_refuses_calls_outside_it_streamed_and_with_n(harness, strea
         assert sum(1 for _, allowed in audited if allowed) == n
 
     asyncio.run(main())
+
+
+def test_model_based_classifier_asks_the_inner_app(tmp_path):
+    judge_rule = {"name": "no-cats", "scanner": "classifier", "positive": "yes", "threshold": 0.5,
+                  "prompt": "Is this about cats? Answer yes or no.\n\n{text}", "action": "block"}  # fmt: skip
+    h = make_harness(tmp_path, {"guardrails": {"rules": [judge_rule]}})
+
+    async def main():
+        key, _ = await h.new_key()
+        c = client(h, key)
+        text, _ = await chat(c, ["Dogs are great."], False, prompt="tell me about dogs")
+        assert text == "Dogs are great."
+        with pytest.raises(BadRequestError) as err:
+            await chat(c, ["ok"], False, prompt="tell me about cats")
+        assert err.value.body["code"] == "guardrail_blocked"
+        # output: decided once the whole text is known (streamed: at its end)
+        with pytest.raises(BadRequestError):
+            await chat(c, ["I love cats."], False, prompt="pets?")
+        questions = [
+            b["messages"][-1]["content"] for b in h.seen.bodies if b.get("max_tokens") == 1
+        ]
+        assert questions[0] == "Is this about cats? Answer yes or no.\n\ntell me about dogs"
+        assert any(q.endswith("I love cats.") for q in questions)
+
+    asyncio.run(main())
+    h.close()

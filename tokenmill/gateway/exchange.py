@@ -104,6 +104,7 @@ class Exchange:
             output_rules=self.gw.has_output_rules,
             policy=self.config.tool_policy(self.key.tool_policy),
             tools=declared_tools(body),
+            judge=self.gw.judge_for(model),
         )
 
     # ------------------------------------------------------------ admission
@@ -393,10 +394,10 @@ class _Relay:
         if self.mode == "stream":
             events = []
             for event in self.parser.feed(chunk):
-                events.extend(self.rewriter.on_event(event))
+                events.extend(await self.rewriter.on_event(event))
             if not more:
                 for event in self.parser.rest():
-                    events.extend(self.rewriter.on_event(event))
+                    events.extend(await self.rewriter.on_event(event))
             await self._send_events(events, final=not more or self.rewriter.cut)
             return
         if not more:
@@ -421,7 +422,7 @@ class _Relay:
         obj = _parse(bytes(self.buffer))
         status, body = x.status, bytes(self.buffer)
         if obj is not None and 200 <= status < 300:
-            out = x.adapter.transform_json(obj, x.ctx)
+            out = await x.adapter.transform_json(obj, x.ctx)
             if out is None:  # blocked by an output rule
                 decision = next(d for d in reversed(x.ctx.decisions) if d.action == "block")
                 status = x.status = 400
@@ -499,14 +500,14 @@ async def filtered_read(gw, adapter, scope, receive, send, key: StoredKey) -> No
         ctx = ExchangeContext(
             request_id="", endpoint=adapter.endpoint, model=str(obj.get("model", "")),
             stream=False, guardrails=config.guardrails, output_rules=gw.has_output_rules,
-            policy=config.tool_policy(key.tool_policy), tools={},
+            policy=config.tool_policy(key.tool_policy), tools={}, judge=gw.judge_for(str(obj.get("model", ""))),
         )  # fmt: skip
         ctx.tools = {
             t.get("name"): t.get("parameters")
             for t in obj.get("tools") or []
             if isinstance(t, dict)
         }
-        filtered = adapter.transform_json(obj, ctx)
+        filtered = await adapter.transform_json(obj, ctx)
         if filtered is None:
             status = 400
             out = json.dumps(

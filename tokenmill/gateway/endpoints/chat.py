@@ -146,7 +146,9 @@ class ChatAdapter:
     def tokens(self, usage: dict[str, Any] | None) -> tuple[int, int, int]:
         return usage_tokens(usage)
 
-    def transform_json(self, obj: dict[str, Any], ctx: ExchangeContext) -> dict[str, Any] | None:
+    async def transform_json(
+        self, obj: dict[str, Any], ctx: ExchangeContext
+    ) -> dict[str, Any] | None:
         """The whole response rewritten (None: an output rule blocked it)."""
         ctx.usage = self.usage_of(obj)
         for choice in obj.get("choices") or []:
@@ -158,7 +160,7 @@ class ChatAdapter:
                 continue
             text = message.get("content")
             if isinstance(text, str) and text:
-                step = TextFilter(ctx).whole(text)
+                step = await TextFilter(ctx).whole(text)
                 if step.stop is not None and step.replacement is None:
                     ctx.error_code = "guardrail_blocked"
                     return None
@@ -249,7 +251,9 @@ class CompletionAdapter(ChatAdapter):
     def _first_delta(self, index: int) -> dict[str, Any]:
         return self._text_delta(index, "")
 
-    def transform_json(self, obj: dict[str, Any], ctx: ExchangeContext) -> dict[str, Any] | None:
+    async def transform_json(
+        self, obj: dict[str, Any], ctx: ExchangeContext
+    ) -> dict[str, Any] | None:
         ctx.usage = self.usage_of(obj)
         for choice in obj.get("choices") or []:
             if not isinstance(choice, dict):
@@ -257,7 +261,7 @@ class CompletionAdapter(ChatAdapter):
             ctx.finish_reason = ctx.finish_reason or choice.get("finish_reason")
             text = choice.get("text")
             if isinstance(text, str) and text:
-                step = TextFilter(ctx).whole(text)
+                step = await TextFilter(ctx).whole(text)
                 if step.stop is not None and step.replacement is None:
                     ctx.error_code = "guardrail_blocked"
                     return None
@@ -323,7 +327,7 @@ class ChoiceStreamRewriter:
             self._show_usage(chunk, final=False)
         return Event(chunk)
 
-    def on_event(self, event: Event) -> list[Event]:
+    async def on_event(self, event: Event) -> list[Event]:
         data = event.data
         if self.cut:
             return []
@@ -349,7 +353,7 @@ class ChoiceStreamRewriter:
             if not isinstance(choice, dict) or not isinstance(choice.get("index"), int):
                 kept.append(choice)
                 continue
-            events, keep = self._choice(choice)
+            events, keep = await self._choice(choice)
             if self.cut:
                 return events
             out.extend(events)
@@ -360,7 +364,7 @@ class ChoiceStreamRewriter:
             out.insert(0, Event({**data, "choices": kept}))
         return out
 
-    def _choice(self, choice: dict[str, Any]) -> tuple[list[Event], dict[str, Any] | None]:
+    async def _choice(self, choice: dict[str, Any]) -> tuple[list[Event], dict[str, Any] | None]:
         """Events to send after this choice's rewritten chunk, and the chunk (None: dropped)."""
         ctx, adapter = self.ctx, self.adapter
         state = self._state(choice["index"])
@@ -379,7 +383,7 @@ class ChoiceStreamRewriter:
         finish = choice.get("finish_reason")
         if finish is not None:
             ctx.finish_reason = ctx.finish_reason or finish
-            step = state.filter.finish()
+            step = await state.filter.finish()
             if step.stop is not None:
                 return self._stop(choice["index"], state, step), None
             before = []

@@ -52,6 +52,7 @@ class ExchangeContext:
     finish_reason: str | None = None
     first_output: float | None = None
     error_code: str | None = None
+    judge: Any = None  # the served model as a classifier (None: no classifier rules)
 
     def output_started(self) -> None:
         if self.first_output is None:
@@ -101,17 +102,19 @@ class TextFilter:
             return FilterStep(text)
         return self._take(self.checker.feed(text), text)
 
-    def finish(self) -> FilterStep:
+    async def finish(self) -> FilterStep:
         if self.stopped is not None or self.checker is None:
             return FilterStep("")
+        if self.checker.needs_judge:  # output classifier rules: asked once, at the end
+            return self._take(await self.checker.finish_async(self.ctx.judge), None)
         return self._take(self.checker.finish(), None)
 
-    def whole(self, text: str) -> FilterStep:
+    async def whole(self, text: str) -> FilterStep:
         """The non-streamed text: the final text (or the stop)."""
         first = self.feed(text)
         if first.stop is not None:
             return FilterStep("".join(self.emitted), first.stop, first.replacement)
-        last = self.finish()
+        last = await self.finish()
         out = "".join(self.emitted)
         self.modified = self.modified or out != text
         return FilterStep(out, last.stop, last.replacement)

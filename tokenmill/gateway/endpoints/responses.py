@@ -135,7 +135,9 @@ class ResponsesAdapter:
             int(usage.get("output_tokens") or 0),
         )
 
-    def transform_json(self, obj: dict[str, Any], ctx: ExchangeContext) -> dict[str, Any] | None:
+    async def transform_json(
+        self, obj: dict[str, Any], ctx: ExchangeContext
+    ) -> dict[str, Any] | None:
         if obj.get("object") != "response":
             return obj
         ctx.usage = self.usage_of(obj)
@@ -151,7 +153,7 @@ class ResponsesAdapter:
                     text = part.get("text") if isinstance(part, dict) else None
                     if not isinstance(text, str) or not text:
                         continue
-                    step = TextFilter(ctx).whole(text)
+                    step = await TextFilter(ctx).whole(text)
                     if step.stop is not None and step.replacement is None:
                         ctx.error_code = "guardrail_blocked"
                         return None
@@ -191,7 +193,7 @@ class ResponsesStreamRewriter:
             f = self.filters[key] = TextFilter(self.ctx)
         return f
 
-    def on_event(self, event: Event) -> list[Event]:
+    async def on_event(self, event: Event) -> list[Event]:
         ev = event.data
         if self.cut or not isinstance(ev, dict):
             return []
@@ -221,7 +223,7 @@ class ResponsesStreamRewriter:
             out = []
             if key not in self.stopped:
                 f = self._filter(ev)
-                step = f.finish()
+                step = await f.finish()
                 if step.stop is not None:
                     return self._stop(ev, key, step)
                 if step.emit:
