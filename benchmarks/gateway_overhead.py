@@ -96,8 +96,22 @@ def bench(url: str, key: str | None, args, out: Path, seed: int) -> dict:
     }
 
 
+def admission_ms(url: str) -> float:
+    """Mean time a request spent in the gateway before reaching the model (its /metrics)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("tokenmill:gateway_admission_seconds_"):
+            name, value = line.rsplit(" ", 1)
+            values[name.split("{")[0]] = float(value)
+    count = values.get("tokenmill:gateway_admission_seconds_count", 0.0)
+    return 1000 * values.get("tokenmill:gateway_admission_seconds_sum", 0.0) / max(count, 1.0)
+
+
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--num-requests", type=int, default=96)
@@ -121,14 +135,20 @@ def main() -> int:
         for system in order:
             proc, url = start(tmp, config if system == "on" else None, args.concurrency)
             try:
-                res = bench(url, key if system == "on" else None, args, tmp / f"{system}-{r}", seed=1000 + r)
+                res = bench(
+                    url, key if system == "on" else None, args, tmp / f"{system}-{r}", seed=1000 + r
+                )
+                if system == "on":
+                    res["admission_ms"] = admission_ms(url)
             finally:
                 proc.terminate()
                 proc.wait(60)
             results[system].append(res)
+            extra = (f", {res['admission_ms']:.2f} ms/request in the gateway before the model"
+                     if "admission_ms" in res else "")  # fmt: skip
             print(f"round {r + 1} {system:>3}: {res['out_tps']:.1f} out tok/s, TTFT p50 "
                   f"{res['ttft_p50_ms']:.1f} ms, TPOT p50 {res['tpot_p50_ms']:.1f} ms, "
-                  f"failed {res['failed']}, other CPU {res['background'] or 0:.2f} cores", flush=True)  # fmt: skip
+                  f"failed {res['failed']}{extra}", flush=True)  # fmt: skip
     med = {s: {k: statistics.median(x[k] for x in v) for k in ("out_tps", "ttft_p50_ms", "tpot_p50_ms")}
            for s, v in results.items()}  # fmt: skip
     from tokenmill.gateway.store.database import open_database
@@ -147,7 +167,9 @@ def main() -> int:
         "",
         f"output tok/s on/off: {tps_ratio:.3f} (target >= 0.97: {'met' if tps_ratio >= 0.97 else 'NOT met'}); "
         f"TTFT p50 on - off: {ttft_delta:+.1f} ms (target <= 5 ms: {'met' if ttft_delta <= 5 else 'NOT met'}); "
-        f"ledger rows: {rows} (requests sent with the gateway on, warm-up included)",
+        f"ledger rows: {rows} (requests sent with the gateway on, warm-up included); time in the "
+        f"gateway before the model: {statistics.median(x['admission_ms'] for x in results['on']):.2f} "
+        "ms per request (its /metrics)",
     ]  # fmt: skip
     print("\n".join(lines))
     if args.markdown:

@@ -297,3 +297,17 @@ def test_kill_9_loses_no_completed_row(tmp_path):
     missing = [rid for rid in done if rid not in rows]
     assert not missing, f"{len(missing)} completed requests have no row"
     assert all(rows[rid] == n for rid, n in done.items())
+
+
+def test_stored_objects_belong_to_their_key(gw):
+    a, a_id = new_key(gw)
+    b, _ = new_key(gw)
+    made = client(gw, a).responses.create(model=MODEL, input="Hi", max_output_tokens=4)
+    with httpx.Client(base_url=gw.v1, timeout=30) as h:
+        mine = h.get(f"/responses/{made.id}", headers={"Authorization": f"Bearer {a}"})
+        theirs = h.get(f"/responses/{made.id}", headers={"Authorization": f"Bearer {b}"})
+        assert mine.status_code == 200 and theirs.status_code == 404
+        with admin(gw) as adm:
+            rotated = adm.post(f"/admin/keys/{a_id}/rotate").json()["key"]
+        again = h.get(f"/responses/{made.id}", headers={"Authorization": f"Bearer {rotated}"})
+        assert again.status_code == 200  # the owner is the key, not its secret

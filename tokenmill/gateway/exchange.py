@@ -88,6 +88,7 @@ class Exchange:
             body_bytes = await self._input_guardrails(body, body_bytes)
             if body_bytes is None:
                 return
+            self.gw.metrics.admission_seconds.observe(time.monotonic() - self.started)
             await self._forward(body_bytes, body)
         finally:
             self._finish_record()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class GatewayMetrics:
@@ -35,6 +35,12 @@ class GatewayMetrics:
             p + "ledger_pending_rows", "ledger rows journaled, not yet in the database", registry=r
         )
         self.ledger_pending.set_function(pending)
+        self.admission_seconds = Histogram(
+            p + "admission_seconds",
+            "gateway time before a request reaches the model (key, limits, input guardrails)",
+            buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 1.0),
+            registry=r,
+        )
         self.config_reloads = Counter(
             p + "config_reloads_total", "config file reloads", ["result"], registry=r
         )

@@ -60,7 +60,13 @@ class GatewayMiddleware:
                 return await self.admin(scope, receive, send)
             gw.metrics.unauthorized.labels(state.problem).inc()
             return await _unauthorized(send, _MESSAGES[state.problem])
-        scope = {**scope, "state": {**(scope.get("state") or {}), "gateway_key": state.key}}
+        # the app's owner of stored objects (responses, files, batches): this key, by id, so
+        # keys never see each other's objects and a rotated key keeps its own
+        owner = "gateway-key:" + state.key.id
+        scope = {
+            **scope,
+            "state": {**(scope.get("state") or {}), "gateway_key": state.key, "owner": owner},
+        }
         if path == "/v1/usage":
             return await self.admin(scope, receive, send)
         if scope["method"] == "GET" and _STORED_RESPONSE.fullmatch(path):

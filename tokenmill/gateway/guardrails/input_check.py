@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from tokenmill.gateway.guardrails.classifier import Judge, run_classifiers
@@ -23,13 +24,22 @@ class InputVerdict:
     replacement: str | None = None
 
 
+OFFLOAD_CHARS = 16_384
+
+
 async def check_input(
     config: GuardrailsConfig, texts: list[str], judge: Judge | None = None
 ) -> InputVerdict:
     """Deterministic rules on each text; then classifier rules, each asked once about all the
     (redacted) texts joined by blank lines, cut to `max_scan_chars`. Classifiers are skipped
     when a deterministic rule already blocks (no model call for a refused request)."""
-    verdicts = [check_text(config, Stage.INPUT, t, i) for i, t in enumerate(texts)]
+
+    def scan() -> list:
+        return [check_text(config, Stage.INPUT, t, i) for i, t in enumerate(texts)]
+
+    # a long request is scanned on a worker thread: the event loop keeps serving the others
+    large = sum(len(t) for t in texts) > OFFLOAD_CHARS
+    verdicts = await asyncio.to_thread(scan) if large else scan()
     redacted = [v.text for v in verdicts]
     decisions = [d for v in verdicts for d in v.decisions]
     stop = strongest([v.stop for v in verdicts if v.stop])
