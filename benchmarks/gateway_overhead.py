@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -30,27 +29,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.server.conftest import free_port  # noqa: E402
 
 ADMIN = "admin-bench-" + "z" * 32
-GUARDRAILS = {
-    "rules": [
-        {"name": "secrets", "scanner": "secrets", "action": "block"},
-        {"name": "pii", "scanner": "pii", "action": "redact"},
-        {"name": "invisible", "scanner": "invisible", "action": "block"},
-        {"name": "injection", "scanner": "injection", "action": "audit"},
-        {"name": "deny", "scanner": "deny_list", "terms": ["acme corp", "project zebra"],
-         "action": "fallback", "fallback": "I can't discuss that."},
-        {"name": "length", "scanner": "length", "max_chars": 200000, "action": "block"},
-    ]
-}  # fmt: skip
+INPUT_RULES = [
+    {"name": "secrets", "scanner": "secrets", "action": "block"},
+    {"name": "pii", "scanner": "pii", "action": "redact"},
+    {"name": "invisible", "scanner": "invisible", "action": "block"},
+    {"name": "injection", "scanner": "injection", "action": "audit"},
+    {"name": "deny", "scanner": "deny_list", "terms": ["acme corp", "project zebra"],
+     "action": "fallback", "fallback": "I can't discuss that."},
+    {"name": "length", "scanner": "length", "max_chars": 200000, "action": "block"},
+]  # fmt: skip
+# "on": every deterministic scanner on the input; on the output the same scanners, audited
+# (recorded with the matched text, the text unchanged: nothing is held back)
+AUDITED_OUTPUT = [
+    {**{k: v for k, v in r.items() if k not in ("action", "fallback")}, "name": f"out-{r['name']}",
+     "action": "audit", "stages": ["output"]}
+    for r in INPUT_RULES
+]  # fmt: skip
+# "on+output": output rules that change text: the streamed output is held back until it
+# cannot be part of a match (at most hold_back_chars)
+CHANGING_OUTPUT = [
+    {"name": "out-secrets", "scanner": "secrets", "action": "block", "stages": ["output"]},
+    {"name": "out-pii", "scanner": "pii", "action": "redact", "stages": ["output"]},
+    {"name": "out-deny", "scanner": "deny_list", "terms": ["acme corp"], "action": "fallback",
+     "fallback": "I can't discuss that.", "stages": ["output"]},
+]  # fmt: skip
+SYSTEMS = {
+    "off": None,
+    "on": [{**r, "stages": ["input"]} for r in INPUT_RULES] + AUDITED_OUTPUT,
+    "on+output": [{**r, "stages": ["input"]} for r in INPUT_RULES] + CHANGING_OUTPUT,
+}
 
 
-def gateway_config(tmp: Path) -> Path:
-    path = tmp / "gateway.yaml"
+def gateway_config(tmp: Path, name: str, rules: list[dict]) -> Path:
+    path = tmp / f"gateway-{name}.yaml"
     path.write_text(yaml.safe_dump({
-        "database": str(tmp / "gateway.sqlite3"),
-        "journal": str(tmp / "journal"),
+        "database": str(tmp / f"gateway-{name}.sqlite3"),
+        "journal": str(tmp / f"journal-{name}"),
         "admin_key_sha256": hashlib.sha256(ADMIN.encode()).hexdigest(),
         "prices": {"default": {"input": 0.1, "cached_input": 0.05, "output": 0.4}},
-        "guardrails": GUARDRAILS,
+        "guardrails": {"rules": rules},
     }))  # fmt: skip
     return path
 
@@ -84,7 +101,7 @@ def bench(url: str, key: str | None, args, out: Path, seed: int) -> dict:
            "--no-plots", "--no-progress", "--served-model", "SmolLM2-135M-Instruct"]  # fmt: skip
     if key:
         cmd += ["--api-key", key]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, stdout=subprocess.DEVNULL)  # exit 3: some requests failed (reported)
     run = json.loads((out / "results.json").read_text())["runs"][-1]
     s = run["summary"]
     return {
@@ -120,25 +137,26 @@ def main() -> int:
     p.add_argument("--markdown", default=None)
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tokenmill-gateway-bench-"))
-    config = gateway_config(tmp)
-    env = {**os.environ}
-    made = subprocess.run(
-        [sys.executable, "-m", "tokenmill.cli", "keys", "create", "--gateway-config", str(config),
-         "--name", "bench", "--rpm", "1000000", "--tpm", "1000000000", "--max-parallel", "1000",
-         "--budget-usd", "1000000", "--budget-period", "day"],
-        check=True, capture_output=True, text=True, env=env,
-    )  # fmt: skip
-    key = json.loads(made.stdout)["key"]
-    results: dict[str, list[dict]] = {"off": [], "on": []}
+    configs = {name: gateway_config(tmp, name, rules) for name, rules in SYSTEMS.items() if rules}
+    keys = {}
+    for name, config in configs.items():  # one database per system: rows are counted apart
+        made = subprocess.run(
+            [sys.executable, "-m", "tokenmill.cli", "keys", "create", "--gateway-config", str(config),
+             "--name", "bench", "--rpm", "1000000", "--tpm", "1000000000", "--max-parallel", "1000",
+             "--budget-usd", "1000000", "--budget-period", "day"],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        keys[name] = json.loads(made.stdout)["key"]
+    names = list(SYSTEMS)
+    results: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(args.rounds):
-        order = ["off", "on"] if r % 2 == 0 else ["on", "off"]
+        order = names[r % len(names) :] + names[: r % len(names)]  # each system first once
         for system in order:
-            proc, url = start(tmp, config if system == "on" else None, args.concurrency)
+            config = configs.get(system)
+            proc, url = start(tmp, config, args.concurrency)
             try:
-                res = bench(
-                    url, key if system == "on" else None, args, tmp / f"{system}-{r}", seed=1000 + r
-                )
-                if system == "on":
+                res = bench(url, keys.get(system), args, tmp / f"{system}-{r}", seed=1000 + r)
+                if config is not None:
                     res["admission_ms"] = admission_ms(url)
             finally:
                 proc.terminate()
@@ -146,31 +164,43 @@ def main() -> int:
             results[system].append(res)
             extra = (f", {res['admission_ms']:.2f} ms/request in the gateway before the model"
                      if "admission_ms" in res else "")  # fmt: skip
-            print(f"round {r + 1} {system:>3}: {res['out_tps']:.1f} out tok/s, TTFT p50 "
+            print(f"round {r + 1} {system:>9}: {res['out_tps']:.1f} out tok/s, TTFT p50 "
                   f"{res['ttft_p50_ms']:.1f} ms, TPOT p50 {res['tpot_p50_ms']:.1f} ms, "
                   f"failed {res['failed']}{extra}", flush=True)  # fmt: skip
-    med = {s: {k: statistics.median(x[k] for x in v) for k in ("out_tps", "ttft_p50_ms", "tpot_p50_ms")}
-           for s, v in results.items()}  # fmt: skip
+    keys_ = ("out_tps", "ttft_p50_ms", "tpot_p50_ms")
+    med = {s: {k: statistics.median(x[k] for x in v) for k in keys_} for s, v in results.items()}
     from tokenmill.gateway.store.database import open_database
 
-    rows = open_database(str(tmp / "gateway.sqlite3")).fetchone("SELECT COUNT(*) FROM usage")[0]
-    tps_ratio = med["on"]["out_tps"] / med["off"]["out_tps"]
-    ttft_delta = med["on"]["ttft_p50_ms"] - med["off"]["ttft_p50_ms"]
     lines = [
-        f"Gateway overhead, {args.concurrency} users, chat, in {args.input_len} / out {args.output_len} "
-        f"words-prompt tokens, {args.num_requests} requests per run, median of {args.rounds} rounds",
+        f"Gateway overhead: {args.concurrency} users, chat (streamed), ~{args.input_len}-token word "
+        f"prompts, {args.output_len} output tokens, {args.num_requests} requests per run, "
+        f"median of {args.rounds} rounds (systems take turns, one server at a time)",
         "",
-        "| | output tok/s | TTFT p50 ms | TPOT p50 ms |",
-        "|---|---:|---:|---:|",
-        f"| gateway off | {med['off']['out_tps']:.1f} | {med['off']['ttft_p50_ms']:.1f} | {med['off']['tpot_p50_ms']:.1f} |",
-        f"| gateway on | {med['on']['out_tps']:.1f} | {med['on']['ttft_p50_ms']:.1f} | {med['on']['tpot_p50_ms']:.1f} |",
-        "",
-        f"output tok/s on/off: {tps_ratio:.3f} (target >= 0.97: {'met' if tps_ratio >= 0.97 else 'NOT met'}); "
-        f"TTFT p50 on - off: {ttft_delta:+.1f} ms (target <= 5 ms: {'met' if ttft_delta <= 5 else 'NOT met'}); "
-        f"ledger rows: {rows} (requests sent with the gateway on, warm-up included); time in the "
-        f"gateway before the model: {statistics.median(x['admission_ms'] for x in results['on']):.2f} "
-        "ms per request (its /metrics)",
+        "| system | output tok/s | vs off | TTFT p50 ms | vs off | TPOT p50 ms | gateway ms before the model | ledger rows |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]  # fmt: skip
+    base = med["off"]
+    for name in names:
+        m = med[name]
+        rows = ""
+        adm = ""
+        if name in configs:
+            db = open_database(str(tmp / f"gateway-{name}.sqlite3"))
+            rows = str(db.fetchone("SELECT COUNT(*) FROM usage")[0])
+            adm = f"{statistics.median(x['admission_ms'] for x in results[name]):.2f}"
+        lines.append(
+            f"| {name} | {m['out_tps']:.1f} | {m['out_tps'] / base['out_tps']:.3f}x | "
+            f"{m['ttft_p50_ms']:.0f} | {m['ttft_p50_ms'] - base['ttft_p50_ms']:+.0f} | "
+            f"{m['tpot_p50_ms']:.1f} | {adm} | {rows} |"
+        )
+    on = med["on"]
+    ratio, delta = on["out_tps"] / base["out_tps"], on["ttft_p50_ms"] - base["ttft_p50_ms"]
+    lines += [
+        "",
+        f"targets (gateway on: keys, limits, budget, ledger, deterministic guardrails): output "
+        f"tok/s >= 0.97x off: {ratio:.3f}x {'met' if ratio >= 0.97 else 'NOT met'}; TTFT p50 "
+        f"<= off + 5 ms: {delta:+.0f} ms {'met' if delta <= 5 else 'NOT met'}",
+    ]
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")

@@ -259,3 +259,28 @@ def test_model_based_classifier_asks_the_inner_app(tmp_path):
 
     asyncio.run(main())
     h.close()
+
+
+def test_audit_only_output_rules_hold_nothing_back(tmp_path):
+    audit = {
+        "name": "project",
+        "scanner": "regex",
+        "pattern": "(?i)project\\s+x",
+        "action": "audit",
+    }
+    h = make_harness(tmp_path, {"guardrails": {"rules": [audit]}})
+
+    async def main():
+        key, _ = await h.new_key()
+        pieces = ["Pro", "ject", " X", " is", " on."]
+        _, chunks = await chat(client(h, key), pieces, stream=True)
+        contents = [
+            ch.choices[0].delta.content
+            for ch in chunks
+            if ch.choices and ch.choices[0].delta.content
+        ]
+        assert contents == pieces  # each piece sent as it came
+        assert events_of(h, "project") == [("output", "audit", "Project X")]
+
+    asyncio.run(main())
+    h.close()

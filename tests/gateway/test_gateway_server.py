@@ -290,6 +290,7 @@ def test_kill_9_loses_no_completed_row(tmp_path):
         os.system(f"pkill -9 -f 'tokenmill.*{srv.base_url.rsplit(':', 1)[1]}' >/dev/null 2>&1")
     ledger = Ledger.open(str(tmp_path / "gw.sqlite3"), tmp_path / "journal")  # replays the journal
     try:
+        assert ledger.flush(30)
         rows = dict(open_database(str(tmp_path / "gw.sqlite3")).fetchall(
             "SELECT request_id, completion_tokens FROM usage"))  # fmt: skip
     finally:
@@ -311,3 +312,28 @@ def test_stored_objects_belong_to_their_key(gw):
             rotated = adm.post(f"/admin/keys/{a_id}/rotate").json()["key"]
         again = h.get(f"/responses/{made.id}", headers={"Authorization": f"Bearer {rotated}"})
         assert again.status_code == 200  # the owner is the key, not its secret
+
+
+def test_bad_bodies_get_4xx_and_the_gateway_keeps_serving(gw):
+    from tests.gateway.test_gateway_hostile import BAD_BODIES
+
+    key, key_id = new_key(gw, tool_policy="strict")
+    with httpx.Client(
+        base_url=gw.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60
+    ) as h:
+        for path, body in BAD_BODIES:
+            reply = h.post(path, content=body, headers={"content-type": "application/json"})
+            assert 400 <= reply.status_code < 500, (
+                path,
+                body[:80],
+                reply.status_code,
+                reply.text[:300],
+            )
+            assert "error" in reply.json(), reply.text[:200]
+        reply = h.post("/v1/chat/completions", content=b"x" * (5 * 1024 * 1024))
+        assert reply.status_code == 413 and reply.json()["error"]["code"] == "body_too_large"
+        good = h.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert good.status_code == 200
+        own = h.get("/v1/usage", params={"group_by": "key"}).json()["data"]
+    assert own[0]["requests"] >= len(BAD_BODIES) + 1  # each one metered (a 4xx, no tokens)

@@ -77,15 +77,17 @@ class Exchange:
                 413, error_envelope(str(e), "invalid_request_error", "body_too_large")
             )
         body = _parse(body_bytes)
-        if body is None:  # the app answers with its precise 400
-            return await self._forward(body_bytes, None)
+        parsed = body is not None
+        body = body or {}
         model = body.get("model") if isinstance(body.get("model"), str) else ""
         self.body = body
         self.ctx = self._context(body, model)
-        if not await self._admit(body, model):
+        if not await self._admit(body, model, parsed):
             return
         try:
-            body_bytes = await self._input_guardrails(body, body_bytes)
+            if parsed:
+                body_bytes = await self._input_guardrails(body, body_bytes)
+            # else the app answers with its precise 400 (metered as such, limits applied)
             if body_bytes is None:
                 return
             self.gw.metrics.admission_seconds.observe(time.monotonic() - self.started)
@@ -103,6 +105,7 @@ class Exchange:
             stream=body.get("stream") is True,
             guardrails=self.config.guardrails,
             output_rules=self.gw.has_output_rules,
+            output_modify=self.gw.output_rules_modify,
             policy=self.config.tool_policy(self.key.tool_policy),
             tools=declared_tools(body),
             judge=self.gw.judge_for(model),
@@ -110,10 +113,10 @@ class Exchange:
 
     # ------------------------------------------------------------ admission
 
-    async def _admit(self, body: dict[str, Any], model: str) -> bool:
+    async def _admit(self, body: dict[str, Any], model: str, parsed: bool) -> bool:
         """False when the request may not run (the rejection was sent)."""
         key, ctx = self.key, self.ctx
-        if key.models is not None and model not in key.models:
+        if parsed and key.models is not None and model not in key.models:
             await self._reject(403, error_envelope(
                 f"this key may not use model {model!r}", "permission_error", "model_not_allowed", "model"))  # fmt: skip
             return False
@@ -283,6 +286,15 @@ class Exchange:
             await self.gw.app(scope, lambda: self._inner_receive(body, sent), relay.send)
         except OSError:
             self.client_gone = True
+        except Exception:  # the app failed: the client still gets a clean end
+            logger.exception("gateway: request %s failed in the app", self.request_id)
+            self.ctx.error_code = self.ctx.error_code or "internal_error"
+            if not relay.started and not self.finished:
+                self.status = 500
+                self._finish_record()
+                await self._reply(500, error_envelope(
+                    f"internal server error (request id {self.request_id})",
+                    "internal_server_error", None))  # fmt: skip
         finally:
             if not self.finished and relay.started and not self.client_gone:
                 await relay.close()

@@ -53,6 +53,7 @@ class ExchangeContext:
     first_output: float | None = None
     error_code: str | None = None
     judge: Any = None  # the served model as a classifier (None: no classifier rules)
+    output_modify: bool = True  # any output rule that can change text (else audit only)
 
     def output_started(self) -> None:
         if self.first_output is None:
@@ -100,14 +101,23 @@ class TextFilter:
         if self.checker is None:
             self.emitted.append(text)
             return FilterStep(text)
+        if not self.ctx.output_modify:  # audit only: the text goes now, unchanged
+            self.ctx.decisions.extend(self.checker.feed(text).decisions)
+            self.emitted.append(text)
+            return FilterStep(text)
         return self._take(self.checker.feed(text), text)
 
     async def finish(self) -> FilterStep:
         if self.stopped is not None or self.checker is None:
             return FilterStep("")
         if self.checker.needs_judge:  # output classifier rules: asked once, at the end
-            return self._take(await self.checker.finish_async(self.ctx.judge), None)
-        return self._take(self.checker.finish(), None)
+            step = await self.checker.finish_async(self.ctx.judge)
+        else:
+            step = self.checker.finish()
+        if not self.ctx.output_modify:
+            self.ctx.decisions.extend(step.decisions)
+            return FilterStep("")
+        return self._take(step, None)
 
     async def whole(self, text: str) -> FilterStep:
         """The non-streamed text: the final text (or the stop)."""

@@ -240,7 +240,10 @@ class ResponsesStreamRewriter:
                 part = {**part, "text": self._text_of(ev)}
             return [self._emit({**ev, "part": part})]
         if kind == "response.output_item.done":
-            return [self._emit({**ev, "item": self._patch_item(ev.get("item"))})]
+            item = ev.get("item")
+            if isinstance(item, dict) and item.get("type") == "function_call":  # no policy: audit
+                self.ctx.check_call(str(item.get("name", "")), str(item.get("arguments", "")))
+            return [self._emit({**ev, "item": self._patch_item(item)})]
         if kind in ("response.completed", "response.incomplete", "response.failed"):
             response = ev.get("response")
             if isinstance(response, dict):
