@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 import yaml
-from openai import BadRequestError, OpenAI, RateLimitError
+from openai import APIError, BadRequestError, OpenAI, RateLimitError
 
 from tests.server.conftest import MODEL, start_server
 from tokenmill.gateway.store.database import open_database
@@ -32,6 +32,10 @@ CONFIG = {
         {"name": "competitor", "scanner": "deny_list", "terms": ["acme corp"], "action": "fallback",
          "fallback": "I can't discuss that.", "stages": ["input"]},
         {"name": "audit-paris", "scanner": "regex", "pattern": "Paris", "action": "audit"},
+        {"name": "out-block", "scanner": "regex", "pattern": "ZEBRA-[0-9]{4}", "action": "block",
+         "stages": ["output"]},
+        {"name": "out-fallback", "scanner": "deny_list", "terms": ["falcon project"],
+         "action": "fallback", "fallback": "Redirected.", "stages": ["output"]},
     ]},
     "tool_policies": {"strict": {"allow": ["get_weather"], "refusal": "Tool call refused by policy."}},
 }  # fmt: skip
@@ -337,3 +341,106 @@ def test_bad_bodies_get_4xx_and_the_gateway_keeps_serving(gw):
         assert good.status_code == 200
         own = h.get("/v1/usage", params={"group_by": "key"}).json()["data"]
     assert own[0]["requests"] >= len(BAD_BODIES) + 1  # each one metered (a 4xx, no tokens)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_output_block_and_fallback(gw, stream):
+    key, _ = new_key(gw)
+    c = client(gw, key)
+    msg = [{"role": "user", "content": "Give the code."}]
+    pinned = schema_format("code ZEBRA-1234 ok")
+    if stream:
+        seen = []
+        with pytest.raises(APIError) as err:
+            for chunk in c.chat.completions.create(model=MODEL, messages=msg, temperature=0,
+                                                   max_tokens=40, stream=True, response_format=pinned):  # fmt: skip
+                seen.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+        assert "ZEBRA" not in "".join(seen) and "1234" not in "".join(seen)
+        assert "guardrail" in str(err.value.message) or "policy" in str(err.value.message)
+    else:
+        with pytest.raises(BadRequestError) as err:
+            chat_text(c, False, messages=msg, response_format=pinned)
+        assert err.value.body["code"] == "guardrail_blocked" and "ZEBRA" not in str(err.value.body)
+    text, _ = chat_text(
+        c, stream, messages=msg, response_format=schema_format("the falcon project is on")
+    )
+    assert "falcon" not in text.lower() and text.endswith("Redirected.")
+
+
+@pytest.mark.slow  # ~45 s; the in-process version (tests/gateway/test_gateway_ledger.py) runs always
+def test_ledger_equals_client_usage_over_500_mixed_requests(gw):
+    """Non-streamed, streamed with and without usage, 4xx errors and clients leaving mid-stream,
+    8 at a time: each row holds exactly the usage its client was told."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    key, key_id = new_key(gw)
+    rng = random.Random(5)
+    plan = [(f"mix-{i}", rng.choice(["json", "stream_usage", "stream", "error", "leave"]), rng.randint(2, 10))
+            for i in range(500)]  # fmt: skip
+    told: dict[str, tuple[int, int, int]] = {}
+
+    def one(item):
+        rid, kind, n = item
+        body = {"model": MODEL, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                "messages": [{"role": "user", "content": f"Item {rid}: say something."}]}  # fmt: skip
+        headers = {"Authorization": f"Bearer {key}", "x-request-id": rid}
+        with httpx.Client(base_url=gw.v1, headers=headers, timeout=120) as h:
+            if kind == "error":
+                assert (
+                    h.post("/chat/completions", json={**body, "temperature": -1}).status_code == 400
+                )
+            elif kind == "json":
+                u = h.post("/chat/completions", json=body).json()["usage"]
+                told[rid] = (
+                    u["prompt_tokens"],
+                    u["prompt_tokens_details"]["cached_tokens"],
+                    u["completion_tokens"],
+                )
+            else:
+                body["stream"] = True
+                if kind == "stream_usage":
+                    body["stream_options"] = {"include_usage": True}
+                with h.stream("POST", "/chat/completions", json=body) as r:
+                    lines = []
+                    for line in r.iter_lines():
+                        if line.startswith("data: {"):
+                            lines.append(json.loads(line[6:]))
+                        if kind == "leave" and len(lines) >= 3:
+                            break  # closes the connection mid-stream
+                if kind == "stream_usage":
+                    u = lines[-1]["usage"]
+                    told[rid] = (
+                        u["prompt_tokens"],
+                        u["prompt_tokens_details"]["cached_tokens"],
+                        u["completion_tokens"],
+                    )
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, plan))
+    time.sleep(1.0)  # the last disconnects reach the server
+    with admin(gw) as a:
+        rows = a.get("/admin/usage", params={"key_id": key_id, "group_by": "key"}).json()["data"]
+    assert rows[0]["requests"] == 500
+    db = open_database(str(gw.tmp / "gw.sqlite3"))
+    deadline = time.monotonic() + 10
+    while True:
+        got = {r[0]: r[1:] for r in db.fetchall(
+            "SELECT request_id, prompt_tokens, cached_tokens, completion_tokens, status FROM usage WHERE key_id = ?",
+            (key_id,))}  # fmt: skip
+        if len(got) == 500 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(got) == 500
+    for rid, usage in told.items():
+        assert got[rid][:3] == usage, rid
+    statuses = {
+        kind: [got[rid][3] for rid, k, _ in plan if k == kind]
+        for kind in ("error", "leave", "json")
+    }
+    assert set(statuses["error"]) == {400} and set(statuses["json"]) == {200}
+    assert set(statuses["leave"]) <= {
+        499,
+        200,
+    }  # a very short answer may finish before the client leaves
+    assert sum(u[2] for u in told.values()) == sum(got[rid][2] for rid in told)
