@@ -121,3 +121,19 @@ def test_config_reload_applies_new_rules_without_dropping_requests(tmp_path):
 
     asyncio.run(main())
     h.close()
+
+
+def test_the_readme_example_config_is_valid(tmp_path):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Gateway") :]
+    example = section[
+        section.index("```yaml") + 7 : section.index("```", section.index("```yaml") + 7)
+    ]
+    config = parse_gateway_config(yaml.safe_load(example), tmp_path, env={})
+    assert {r.name for r in config.guardrails.rules} >= {"secrets", "pii", "harmful"}
+    assert (
+        "support-bot" in config.tool_policies
+        and config.price("SmolLM2-135M-Instruct").output == 0.08
+    )
