@@ -249,6 +249,10 @@ def test_usage_endpoint_matches_what_clients_were_told(gw):
         own = h.get("/v1/usage", params={"group_by": "key"}).json()["data"]
         assert h.get("/v1/usage", params={"key_id": "key_someone_else"}).status_code == 403
         assert h.get("/admin/keys").status_code == 401
+    metrics = httpx.get(f"{gw.base_url}/metrics").text  # an open path, with the gateway's series
+    for name in ("gateway_requests_total", "gateway_spend_usd_total", "gateway_ledger_pending_rows",
+                 "gateway_admission_seconds", "gateway_unauthorized_total"):  # fmt: skip
+        assert f"tokenmill:{name}" in metrics, name
     assert [(r["key_id"], r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in own] == [
         (key_id, 6, told[0], told[1])]  # fmt: skip
 

@@ -15,6 +15,7 @@ from tokenmill.gateway.endpoints.common import (
     ExchangeContext,
     TextFilter,
     TextRef,
+    content_refs,
     error_payload,
 )
 from tokenmill.gateway.sse import Event
@@ -56,15 +57,8 @@ class ChatAdapter:
         if not isinstance(messages, list):
             return refs
         for message in messages:
-            if not isinstance(message, dict):
-                continue
-            content = message.get("content")
-            if isinstance(content, str):
-                refs.append(TextRef(message, "content"))
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        refs.append(TextRef(part, "text"))
+            if isinstance(message, dict):
+                refs += content_refs(message)
         return refs
 
     def wants_logprobs(self, body: dict[str, Any]) -> bool:
@@ -155,26 +149,37 @@ class ChatAdapter:
             if not isinstance(choice, dict):
                 continue
             ctx.finish_reason = ctx.finish_reason or choice.get("finish_reason")
-            message = choice.get("message")
-            if not isinstance(message, dict):
-                continue
-            text = message.get("content")
-            if isinstance(text, str) and text:
-                step = await TextFilter(ctx).whole(text)
+            ref = self.choice_text(choice)
+            if ref is not None and ref.text:
+                step = await TextFilter(ctx).whole(ref.text)
                 if step.stop is not None and step.replacement is None:
                     ctx.error_code = "guardrail_blocked"
                     return None
-                if step.replacement is not None:
-                    message.update(content=step.replacement, tool_calls=[])
+                if step.replacement is not None:  # nothing of the answer stays, calls neither
+                    ref.set(step.replacement)
+                    self.drop_calls(choice)
                     choice.update(finish_reason="content_filter", logprobs=None)
                     continue
-                if step.emit != text:
-                    message["content"] = step.emit
+                if step.emit != ref.text:
+                    ref.set(step.emit)
                     choice["logprobs"] = None
-            self._police_calls(choice, message, ctx)
+            self.police_calls(choice, ctx)
         return obj
 
-    def _police_calls(self, choice: dict, message: dict, ctx: ExchangeContext) -> None:
+    def choice_text(self, choice: dict[str, Any]) -> TextRef | None:
+        message = choice.get("message")
+        if isinstance(message, dict) and isinstance(message.get("content"), str):
+            return TextRef(message, "content")
+        return None
+
+    def drop_calls(self, choice: dict[str, Any]) -> None:
+        if isinstance(choice.get("message"), dict):
+            choice["message"]["tool_calls"] = []
+
+    def police_calls(self, choice: dict[str, Any], ctx: ExchangeContext) -> None:
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            return
         calls = message.get("tool_calls")
         if not isinstance(calls, list) or not calls:
             return
@@ -251,26 +256,14 @@ class CompletionAdapter(ChatAdapter):
     def _first_delta(self, index: int) -> dict[str, Any]:
         return self._text_delta(index, "")
 
-    async def transform_json(
-        self, obj: dict[str, Any], ctx: ExchangeContext
-    ) -> dict[str, Any] | None:
-        ctx.usage = self.usage_of(obj)
-        for choice in obj.get("choices") or []:
-            if not isinstance(choice, dict):
-                continue
-            ctx.finish_reason = ctx.finish_reason or choice.get("finish_reason")
-            text = choice.get("text")
-            if isinstance(text, str) and text:
-                step = await TextFilter(ctx).whole(text)
-                if step.stop is not None and step.replacement is None:
-                    ctx.error_code = "guardrail_blocked"
-                    return None
-                if step.replacement is not None:
-                    choice.update(text=step.replacement, finish_reason="content_filter")
-                    choice["logprobs"] = None
-                elif step.emit != text:
-                    choice.update(text=step.emit, logprobs=None)
-        return obj
+    def choice_text(self, choice: dict[str, Any]) -> TextRef | None:
+        return TextRef(choice, "text") if isinstance(choice.get("text"), str) else None
+
+    def drop_calls(self, choice: dict[str, Any]) -> None:
+        pass
+
+    def police_calls(self, choice: dict[str, Any], ctx: ExchangeContext) -> None:
+        pass  # completions have no tools
 
     def chunk_text(self, choice: dict[str, Any]) -> str | None:
         text = choice.get("text")

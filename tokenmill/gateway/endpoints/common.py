@@ -26,6 +26,20 @@ class TextRef:
         self.parent[self.key] = text
 
 
+def content_refs(item: dict[str, Any]) -> list[TextRef]:
+    """The text of a message's `content`: a string, or the `text` of each part."""
+    content = item.get("content")
+    if isinstance(content, str):
+        return [TextRef(item, "content")]
+    if not isinstance(content, list):
+        return []
+    return [
+        TextRef(part, "text")
+        for part in content
+        if isinstance(part, dict) and isinstance(part.get("text"), str)
+    ]
+
+
 @dataclass
 class ToolCallRecord:
     name: str

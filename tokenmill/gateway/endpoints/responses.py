@@ -9,7 +9,13 @@ import time
 import uuid
 from typing import Any
 
-from tokenmill.gateway.endpoints.common import ExchangeContext, TextFilter, TextRef, blocked_message
+from tokenmill.gateway.endpoints.common import (
+    ExchangeContext,
+    TextFilter,
+    TextRef,
+    blocked_message,
+    content_refs,
+)
 from tokenmill.gateway.sse import Event
 
 
@@ -55,13 +61,7 @@ class ResponsesAdapter:
                 continue
             if isinstance(item.get("output"), str):
                 refs.append(TextRef(item, "output"))
-            content = item.get("content")
-            if isinstance(content, str):
-                refs.append(TextRef(item, "content"))
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        refs.append(TextRef(part, "text"))
+            refs += content_refs(item)
         return refs
 
     def wants_logprobs(self, body: dict[str, Any]) -> bool:
