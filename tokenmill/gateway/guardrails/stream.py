@@ -16,8 +16,8 @@ nothing pending is searched again only when a new character can start its patter
 characters read from the pattern, `pattern_shape`), so one delta costs a few searches.
 
 On ordinary prose that holds the last word at most (" there" could be an email's local
-part; "there," cannot), for the default rules 2 to 4 characters on average against 56
-before, so "Hello" goes out when " there" arrives. A match is held from its first character
+part; "there," cannot): with the default rules, 3 to 5 characters on average (emails and
+phone numbers included) against 56 before, so "Hello" goes out when " there" arrives. A match is held from its first character
 until it is final: an email until the character after it.
 
 How it stays exact and chunking-independent: the result is defined as an examination after
@@ -34,7 +34,8 @@ fallback match of the whole text is emitted, even partly.
 Limits: at most `hold_back_chars` characters are ever held. When a pending match reaches
 that (a match or a partial one longer than the window less its lookahead: a PEM body, a long
 JWT, a 64-character word that could still become an email's local part), the text is
-decided as it stands, as before: at the cut (the window's start) the matches found so far
+decided as it stands, as before: at the cut (`hold_back_chars // 8` characters past the
+window's start) the matches found so far
 and those matching now that start before it are final (a block or fallback one stops the
 stream; a redact one is masked as far as it goes and the chain starts again after it, so
 the rest of a long token may pass), a partial one goes out as it is. Raise
@@ -56,6 +57,9 @@ from tokenmill.gateway.guardrails.matching import Hit, decision, length_decision
 from tokenmill.gateway.guardrails.rule import GuardrailsConfig, Rule
 from tokenmill.gateway.guardrails.scanners import Detector
 
+# A full window is cut this fraction of it past its start (not one character): a pending
+# match as long as the window then costs one forced examination per hold_back // 8 chars.
+FORCED_STEP_DIVISOR = 8
 CONTEXT_CHARS = 32  # emitted text kept for lookbehinds and word boundaries (more if one needs)
 _STOPS = (Action.BLOCK, Action.FALLBACK)
 _OUT = Stage.OUTPUT
@@ -281,7 +285,7 @@ class OutputChecker:
         before the cut is final; a match crossing the cut is emitted whole, as before the
         window was narrowed to what can still match."""
         self._forced += 1
-        cut = end - self._hold
+        cut = end - self._hold + max(1, self._hold // FORCED_STEP_DIVISOR)
         base = self._base
         view = self._buf[: end - base]
         found = list(found)
@@ -297,8 +301,13 @@ class OutputChecker:
         if stops:
             return self._stop(hits, lengths, stops)
         emitted, boundary = _settle(hits, self._done, cut)
-        # every chain starts again from the new boundary
-        self._grow = dict.fromkeys(range(len(self._detectors)) if boundary < end else (), boundary)
+        # A chain cut into, or with final matches not emitted, starts again at the boundary;
+        # the others stand where they were.
+        again = {i for i, at in grows.items() if at < boundary}
+        again |= {i for start, _, _, i in found if start >= boundary}
+        self._grow = {i: at for i, at in grows.items() if i not in again}
+        if boundary < end:
+            self._grow |= dict.fromkeys(again, boundary)
         self._settled = {}
         return self._emit(boundary, emitted, lengths)
 
