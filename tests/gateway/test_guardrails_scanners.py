@@ -4,6 +4,8 @@ import json
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokenmill.gateway.guardrails.regex_safety import nested_repeat_problem
 from tokenmill.gateway.guardrails.scanners.custom import deny_list_pattern
@@ -250,3 +252,58 @@ def test_hostile_text_scans_in_linear_time(hostile):
     for scanner in (ALL_PII, secrets_scanner(), injection_scanner(), invisible_scanner()):
         scanner.scan(hostile)
     assert time.perf_counter() - started < 2.0
+
+
+BUILTIN = (*SECRET_DETECTORS, *PII_DETECTORS.values(), *INJECTION_DETECTORS, *INVISIBLE_DETECTORS)
+
+
+def test_builtin_patterns_compile_for_regex_and_have_a_bounded_shape():
+    import re
+
+    import regex
+
+    for d in BUILTIN:
+        assert isinstance(d.pattern, regex.Pattern), d.label
+        re.compile(d.pattern.pattern, d.pattern.flags & re.IGNORECASE)  # valid for re too
+        assert d.shape.ahead <= 4 and d.shape.behind <= 16, d.label
+        assert d.shape.first is not None, d.label  # a first-character filter applies
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["a", "Z", "1", "4", " ", "-", ".", "@", "+", "(", "é", "K", "\u212a",
+                         "\u200b", "\u200d", "\U0001f600", "ignore", "AKIA", "sk-", "eyJ", "\n##"]),
+        max_size=40,
+    ).map("".join)
+)  # fmt: skip
+def test_every_builtin_match_starts_with_a_character_its_shape_allows(text):
+    for d in BUILTIN:
+        for m in d.pattern.finditer(text):
+            ch = text[m.start()]
+            assert d.shape.may_start({ch}, not ch.isascii()), (d.label, ch)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "first", "ahead", "behind"),
+    [
+        (r"ab|cd", "ac", 0, 0),
+        (r"(?i)ab", "Aa", 0, 0),
+        (r"x?y", "xy", 0, 0),
+        (r"\d+(?!\.?\d)", "0123456789", 2, 0),
+        (r"(?<![\w.])foo\b", "f", 1, 1),
+        (r"(?<!ver )[1-3]\b", "123", 1, 4),
+        (r"a$", "a", 2, 0),
+        (r"(?:x|)y*", None, 0, 0),  # can match empty: any position
+        (r"[^a]b", None, 0, 0),
+    ],
+)
+def test_pattern_shape(pattern, first, ahead, behind):
+    from tokenmill.gateway.guardrails.pattern_shape import shape_of
+
+    shape = shape_of(pattern)
+    assert (shape.first, shape.ahead, shape.behind) == (
+        None if first is None else frozenset(first),
+        ahead,
+        behind,
+    )

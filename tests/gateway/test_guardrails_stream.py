@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenmill.gateway.guardrails import (
@@ -162,7 +163,9 @@ def test_output_classifier_runs_at_finish_async():
         checker.finish()
     last = asyncio.run(checker.finish_async(judge))
     assert last.stop.rule == "judge" and last.replacement == "Sorry." and last.emit == ""
-    assert "idiot" not in first.emit  # still held: the stop comes before the held text is sent
+    # what was still held (the email, which could have grown) is never sent; what could not
+    # be part of a pattern match went out already: a classifier stops a stream only at its end
+    assert first.emit == "you idiot, mail "
     ok = asyncio.run(check_output_async(c, "hello jane@example.com", judge))
     assert ok.stop is None and ok.text == "hello [REDACTED:email]"
 
@@ -194,12 +197,36 @@ CONFIGS = [
     config(*STOPPING),
     config(*STOPPING, hold=24),
     AUDIT_STOPPING,
+    config(  # length rules are examined exactly at max_chars + 1, whatever the chunking
+        *STOPPING[:3],
+        rule("long", "length", "audit", max_chars=30),
+        rule("too-long", "length", "block", max_chars=90),
+        hold=24,
+    ),
 ]
 
 
 def chunkings(text):
     cuts = st.lists(st.integers(0, len(text)), max_size=12).map(sorted)
     return cuts.map(lambda c: [text[a:b] for a, b in zip([0, *c], [*c, len(text)], strict=True)])
+
+
+def stream_checked(c, deltas):
+    """`stream`, asserting after every delta that at most the window is held; also returns the
+    checker (for `forced`) and how much of the text had been emitted (unmasked offset)."""
+    checker = OutputChecker(c)
+    emits, decisions = [], []
+    for delta in deltas:
+        step = checker.feed(delta)
+        assert 0 <= checker.held <= c.hold_back_chars or step.stop
+        emits.append(step.emit)
+        decisions += step.decisions
+        if step.stop:
+            return emits, decisions, step, checker, checker.emitted_chars
+    step = checker.finish()
+    emits.append(step.emit)
+    decisions += step.decisions
+    return emits, decisions, step, checker, checker.emitted_chars
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -211,7 +238,7 @@ def test_any_chunking_emits_the_same_as_check_output(c, case):
     text, one, other = case
     whole = check_output(c, text)
     for deltas in (one, other, list(text)):
-        emits, decisions, step = stream(c, deltas)
+        emits, decisions, step, _, _ = stream_checked(c, deltas)
         assert "".join(emits) == whole.text
         assert tuple(decisions) == whole.decisions
         assert (step.stop, step.replacement) == (whole.stop, whole.replacement)
@@ -219,25 +246,28 @@ def test_any_chunking_emits_the_same_as_check_output(c, case):
             assert text.startswith(whole.text) and len(whole.text) <= whole.stop.start
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.sampled_from(CONFIGS[:2]), texts)
-def test_streamed_output_equals_the_whole_text_check_when_matches_fit_the_window(c, text):
-    """Exact when every raw pattern match (before checksum/entropy vetting), in the whole text
-    and in the stream, is within the documented window (hold_back - step - 1 chars) and no two overlap."""
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(CONFIGS), texts.flatmap(lambda t: st.tuples(st.just(t), chunkings(t))))
+def test_streamed_output_is_the_whole_text_check_unless_the_window_filled(c, case):
+    """While the window never filled (`forced == 0`: every pending match was decided within
+    `hold_back_chars`), the stream is exactly `check_text` on the whole text, overlapping
+    matches of different rules included; a stop comes before any block or fallback match of
+    the whole text is emitted, even partly."""
+    text, deltas = case
     plain = check_text(c, "output", text)
-    whole = check_output(c, text)
-    fits = c.hold_back_chars - c.hold_back_chars // 8 - 1
-    raw = [m for r in c.rules for d in r.scanner.detectors for m in d.pattern.finditer(text)]
-    assume(all(m.end() - m.start() <= fits for m in raw))
-    spans = sorted(
-        [(m.start(), m.end()) for m in raw] + [(d.start, d.end) for d in whole.decisions]
-    )
-    assume(
-        all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
-    )  # no overlaps across rules
-    assume(all(d.end - d.start <= fits for d in whole.decisions))
-    assert whole.text == plain.text
-    assert whole.decisions == plain.decisions
+    emits, decisions, step, checker, emitted = stream_checked(c, deltas)
+    if checker.forced or any(r.max_chars for r in c.rules):  # length: decided when reached
+        return
+    if step.stop is None:
+        assert "".join(emits) == plain.text
+        assert tuple(decisions) == plain.decisions
+    else:
+        assert plain.text.startswith("".join(emits)) and step.stop in plain.decisions
+        assert set(decisions) <= set(plain.decisions)
+        assert all(emitted <= d.start for d in plain.decisions if d.action in STOP_ACTIONS)
+
+
+STOP_ACTIONS = (Action.BLOCK, Action.FALLBACK)
 
 
 @settings(max_examples=100, deadline=None)
@@ -247,3 +277,110 @@ def test_audit_only_stream_is_the_identity(case):
     c = config(*(dict(r, action="audit") for r in REDACT_AUDIT if "mask" not in r), hold=16)
     emits, _, _ = stream(c, deltas)
     assert "".join(emits) == text
+
+
+# Patterns whose first full match is not the last word: a longer alternative, a lookahead
+# or an anchor past the match, a lazy body, a lookbehind, a word boundary.
+TRICKY = [
+    r"abcd|ab",
+    r"ab(?!cd)",
+    r"b(?=cd)",
+    r"\d+$",
+    r"x\Z",
+    r"BEGIN(?:[\s\S]{0,12}?END)?",
+    r"(?<=a )b+",
+    r"\bab\b",
+    r"a{2,3}?c?",
+    r"(?i)DC|dca",
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(TRICKY), st.sampled_from(["redact", "block", "audit"])),
+        min_size=1,
+        max_size=2,
+    ),
+    st.lists(
+        st.sampled_from(["a", "b", "c", "d", " ", "\n", "1", "x", "BEGIN", "END"]), max_size=30
+    )
+    .map("".join)
+    .flatmap(lambda t: st.tuples(st.just(t), chunkings(t))),
+)
+def test_tricky_patterns_stream_exactly(patterns, case):
+    text, deltas = case
+    rules = [rule(f"r{i}", "regex", a, pattern=p) for i, (p, a) in enumerate(patterns)]
+    c = config(*rules, hold=16)
+    whole = check_output(c, text)
+    plain = check_text(c, "output", text)
+    for chunks in (deltas, list(text)):
+        emits, decisions, step, checker, emitted = stream_checked(c, chunks)
+        assert ("".join(emits), tuple(decisions), step.stop) == (
+            whole.text,
+            whole.decisions,
+            whole.stop,
+        )
+        if checker.forced:
+            continue
+        if step.stop is None:
+            assert (whole.text, whole.decisions) == (plain.text, plain.decisions)
+        else:
+            assert step.stop in plain.decisions and plain.text.startswith(whole.text)
+        assert all(emitted <= d.start for d in plain.decisions if d.action is Action.BLOCK)
+
+
+DEFAULTS = config(
+    rule("pii", "pii", "redact"),
+    rule("secrets", "secrets", "block"),
+    rule("deny", "deny_list", "fallback", terms=["acme corp"], fallback="no"),
+)
+PROSE = (
+    "Hello there, how are you? The quick brown fox jumps over the lazy dog. In 2024 the team "
+    "shipped version 1.2 of the service, which handles about 1500 requests per second.\n\n"
+    "Photosynthesis converts light energy into chemical energy; plants use it (mostly)."
+)
+
+
+def test_prose_is_held_by_at_most_its_trailing_word():
+    checker = OutputChecker(DEFAULTS)
+    assert checker.feed("Hello").emit == ""  # could be an email's local part
+    assert checker.feed(" there, how are you?").emit == "Hello there, how are you?"
+    checker = OutputChecker(DEFAULTS)
+    sent, fed = "", ""
+    for token in re.findall(r"\s*\S{1,4}|\s+", PROSE):
+        sent += checker.feed(token).emit
+        fed += token
+        held = fed[len(sent) :]
+        assert held == "" or (held.strip() and " " not in held.strip()), (fed, held)
+    assert sent + checker.finish().emit == PROSE
+
+
+def test_matches_split_across_deltas_are_still_caught_whole():
+    text = "Mail jane.doe@example.com or call (415) 555-2671, key AKIAIOSFODNN7EXAMPLE ok"
+    deltas = re.findall(r".{1,3}", text)
+    emits, decisions, step = stream(DEFAULTS, deltas)
+    assert "".join(emits) == "Mail [REDACTED:email] or call [REDACTED:phone], key "
+    assert [d.label for d in decisions] == ["email", "phone", "aws_access_key"]
+    assert step.stop.label == "aws_access_key"
+    assert all("@" not in e and "555" not in e and "AKIA" not in e for e in emits)
+
+
+def test_an_email_starting_inside_a_card_number_is_masked_as_in_the_whole_text():
+    c = config(rule("pii", "pii", "redact"))
+    text = "pay 4111 1111 1111 1111x@example.com now"
+    plain = check_text(c, "output", text)
+    assert plain.text == "pay [REDACTED:credit_card] now"
+    for deltas in (list(text), [text], [text[:10], text[10:]]):
+        emits, decisions, _ = stream(c, deltas)
+        assert "".join(emits) == plain.text and tuple(decisions) == plain.decisions
+
+
+def test_a_match_longer_than_the_window_is_decided_as_it_stands():
+    c = config(rule("r", "regex", "redact", pattern=r"x+"), hold=16)
+    text = "a " + "x" * 40 + " b"
+    for deltas in (list(text), [text]):
+        emits, _, _, checker, _ = stream_checked(c, deltas)
+        assert checker.forced == 2  # masked in window-sized pieces, none of it sent
+        assert "".join(emits) == "a " + "[REDACTED:r]" * 3 + " b"
+    assert check_text(c, "output", text).text == "a [REDACTED:r] b"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 import string
 
+import regex
+
 from tokenmill.gateway.errors import GatewayConfigError
 from tokenmill.gateway.guardrails.decision import Action, Stage
 from tokenmill.gateway.guardrails.fields import Fields
@@ -131,7 +133,8 @@ def _scanner(
         return regex_scanner(name, _regex(f)), None, None
     if kind == "deny_list":
         terms = f.str_list("terms", None, max_items=MAX_TERMS, max_len=200)
-        return regex_scanner(name, re.compile(deny_list_pattern(terms), re.IGNORECASE)), None, None
+        pattern = regex.compile(deny_list_pattern(terms), regex.IGNORECASE)
+        return regex_scanner(name, pattern), None, None
     if kind == "pii":
         entities = f.str_list(
             "entities", list(DEFAULT_PII_ENTITIES), max_items=len(PII_ENTITIES), max_len=32
@@ -154,11 +157,14 @@ def _scanner(
     return None, None, _classifier(f)
 
 
-def _regex(f: Fields) -> re.Pattern[str]:
+def _regex(f: Fields) -> regex.Pattern[str]:
+    """Valid for the stdlib `re` (its parser runs the nested-repeat check and the stream's
+    pattern analysis) and compiled with `regex` (what matches)."""
     source = f.text("pattern", max_len=MAX_PATTERN_CHARS)
     try:
-        pattern = re.compile(source)
-    except re.error as e:
+        re.compile(source)
+        pattern = regex.compile(source)
+    except (re.error, regex.error) as e:
         raise GatewayConfigError(
             f.at("pattern"), f"rule {f.raw.get('name')!r}: bad regex: {e}"
         ) from None

@@ -1,7 +1,8 @@
 """Refuse config regexes whose nested repetition can backtrack catastrophically.
 
-The stdlib `re` has no timeout (the `regex` package has one, but it is only a transitive
-dependency of the test extras here, so it is not relied on). Config is trusted admin input,
+Patterns are matched with the `regex` package (its partial matching lets a stream hold back
+only what could still become a match, see `stream.py`); they are parsed and checked here
+with the stdlib `re` parser, so a pattern must be valid for both. Config is trusted admin input,
 user text is not: a pattern like `(a+)+$` takes exponential time on hostile text. We reject
 a repeat nested in another repeat when either is unbounded or their bounds multiply past
 `MAX_NESTED_PRODUCT`. This is a heuristic (overlapping alternations such as `(a|a)*` pass);
@@ -12,6 +13,8 @@ from __future__ import annotations
 import re
 import re._constants as sre_constants  # type: ignore[import-not-found]
 import re._parser as sre_parse  # type: ignore[import-not-found]
+
+import regex
 
 MAX_PATTERN_CHARS = 1000
 MAX_NESTED_PRODUCT = 1000
@@ -71,9 +74,11 @@ def _times(outer: int, high: int) -> int:
     return min(outer * high, _UNBOUNDED - 1)
 
 
-def compile_checked(pattern: str, flags: int = 0) -> re.Pattern[str]:
-    """Compile a built-in pattern, asserting it passes the same check as config patterns."""
+def compile_checked(pattern: str, flags: int = 0) -> regex.Pattern[str]:
+    """Compile a built-in pattern with `regex`, asserting it passes the same checks as config
+    patterns (valid for `re` too, no nested repetition)."""
+    re.compile(pattern, flags)
     problem = nested_repeat_problem(pattern)
     if problem:
         raise AssertionError(f"built-in guardrail pattern {pattern!r}: {problem}")
-    return re.compile(pattern, flags)
+    return regex.compile(pattern, flags)

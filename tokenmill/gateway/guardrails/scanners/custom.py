@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 
+import regex
+
 from tokenmill.gateway.guardrails.scanners.base import Detector, PatternScanner
 
 
-def regex_scanner(label: str, pattern: re.Pattern[str]) -> PatternScanner:
+def regex_scanner(label: str, pattern: regex.Pattern[str]) -> PatternScanner:
     return PatternScanner((Detector(label, pattern),))
 
 
