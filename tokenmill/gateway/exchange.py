@@ -6,13 +6,13 @@ ledger row journaled before the response's last byte leaves."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
 
 from tokenmill.gateway.endpoints.common import ExchangeContext, blocked_message
 from tokenmill.gateway.guardrails import check_input
+from tokenmill.gateway.jsonio import dumps, loads
 from tokenmill.gateway.limits import Admission, Rejection
 from tokenmill.gateway.sse import Event, SSEParser
 from tokenmill.gateway.store.keys_table import StoredKey
@@ -25,7 +25,7 @@ _ESTIMATE_MAX_TOKENS = 256  # a request without max_tokens is budgeted at this m
 
 
 def json_response(status: int, payload: dict[str, Any], headers: list | None = None):
-    body = json.dumps(payload).encode()
+    body = dumps(payload)
     start = {
         "type": "http.response.start",
         "status": status,
@@ -201,7 +201,7 @@ class Exchange:
         if ctx.stream:
             adapter.prepare_stream(body, ctx)
             body_bytes = b""
-        return body_bytes or json.dumps(body).encode()
+        return body_bytes or dumps(body)
 
     async def _fallback(self, body: dict[str, Any], text: str) -> None:
         ctx = self.ctx
@@ -439,13 +439,13 @@ class _Relay:
             if out is None:  # blocked by an output rule
                 decision = next(d for d in reversed(x.ctx.decisions) if d.action == "block")
                 status = x.status = 400
-                body = json.dumps(
+                body = dumps(
                     error_envelope(
                         blocked_message(decision), "invalid_request_error", "guardrail_blocked"
                     )
-                ).encode()
+                )
             else:
-                body = json.dumps(out, ensure_ascii=False).encode()
+                body = dumps(out)
         elif obj is not None and isinstance(obj.get("error"), dict):
             x.ctx.error_code = obj["error"].get("code") or obj["error"].get("type")
         headers = [
@@ -473,7 +473,7 @@ class _Relay:
 
 def _parse(data: bytes) -> dict[str, Any] | None:
     try:
-        obj = json.loads(data)
+        obj = loads(data)
     except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
@@ -523,16 +523,16 @@ async def filtered_read(gw, adapter, scope, receive, send, key: StoredKey) -> No
         filtered = await adapter.transform_json(obj, ctx)
         if filtered is None:
             status = 400
-            out = json.dumps(
+            out = dumps(
                 error_envelope(
                     "the stored output is blocked by policy",
                     "invalid_request_error",
                     "guardrail_blocked",
                 )
-            ).encode()
+            )
             start["status"] = status
         else:
-            out = json.dumps(filtered, ensure_ascii=False).encode()
+            out = dumps(filtered)
     head = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
     head.append((b"content-length", str(len(out)).encode()))
     await send({"type": "http.response.start", "status": start.get("status", 500), "headers": head})

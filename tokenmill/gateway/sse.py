@@ -3,9 +3,10 @@ line (Responses events also carry an `event:` line), `data: [DONE]` at the end."
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from tokenmill.gateway.jsonio import dumps, loads
 
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 
@@ -16,11 +17,9 @@ class Event:
     name: str | None = None
 
     def encode(self) -> bytes:
-        text = (
-            self.data if isinstance(self.data, str) else json.dumps(self.data, ensure_ascii=False)
-        )
-        head = f"event: {self.name}\n" if self.name else ""
-        return f"{head}data: {text}\n\n".encode()
+        text = self.data.encode() if isinstance(self.data, str) else dumps(self.data)
+        head = f"event: {self.name}\n".encode() if self.name else b""
+        return head + b"data: " + text + b"\n\n"
 
 
 class SSEParser:
@@ -61,6 +60,6 @@ def parse_block(block: bytes) -> Event | None:
         return None
     text = "\n".join(data)
     try:
-        return Event(json.loads(text), name)
-    except json.JSONDecodeError:
+        return Event(loads(text), name)
+    except ValueError:
         return Event(text, name)

@@ -7,7 +7,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenmill.gateway.guardrails import Decision, GuardrailsConfig, OutputChecker
+from tokenmill.gateway.guardrails import (
+    Decision,
+    GuardrailsConfig,
+    OutputChecker,
+    check_output_async,
+)
 from tokenmill.gateway.tool_policy import ToolPolicy, check_tool_call
 
 
@@ -115,8 +120,7 @@ class TextFilter:
         if self.checker is None:
             self.emitted.append(text)
             return FilterStep(text)
-        if not self.ctx.output_modify:  # audit only: the text goes now, unchanged
-            self.ctx.decisions.extend(self.checker.feed(text).decisions)
+        if not self.ctx.output_modify:  # audit only: the text goes now, checked whole at the end
             self.emitted.append(text)
             return FilterStep(text)
         return self._take(self.checker.feed(text), text)
@@ -124,13 +128,15 @@ class TextFilter:
     async def finish(self) -> FilterStep:
         if self.stopped is not None or self.checker is None:
             return FilterStep("")
+        if not self.ctx.output_modify:  # the audit: once, on the whole text
+            text = "".join(self.emitted)
+            verdict = await check_output_async(self.ctx.guardrails, text, self.ctx.judge)
+            self.ctx.decisions.extend(verdict.decisions)
+            return FilterStep("")
         if self.checker.needs_judge:  # output classifier rules: asked once, at the end
             step = await self.checker.finish_async(self.ctx.judge)
         else:
             step = self.checker.finish()
-        if not self.ctx.output_modify:
-            self.ctx.decisions.extend(step.decisions)
-            return FilterStep("")
         return self._take(step, None)
 
     async def whole(self, text: str) -> FilterStep:
