@@ -113,16 +113,25 @@ def bench(url: str, key: str | None, args, out: Path, seed: int) -> dict:
     }
 
 
-def admission_ms(url: str) -> float:
-    """Mean time a request spent in the gateway before reaching the model (its /metrics)."""
+def admission_ms(url: str) -> tuple[float, float]:
+    """Time a request spent in the gateway before reaching the model (its /metrics histogram):
+    the mean, and the upper bound of the bucket holding the median."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    values = {}
+    total = count = 0.0
+    buckets: list[tuple[float, float]] = []
     for line in text.splitlines():
-        if line.startswith("tokenmill:gateway_admission_seconds_"):
-            name, value = line.rsplit(" ", 1)
-            values[name.split("{")[0]] = float(value)
-    count = values.get("tokenmill:gateway_admission_seconds_count", 0.0)
-    return 1000 * values.get("tokenmill:gateway_admission_seconds_sum", 0.0) / max(count, 1.0)
+        if not line.startswith("tokenmill:gateway_admission_seconds_"):
+            continue
+        name, value = line.rsplit(" ", 1)
+        if name.startswith("tokenmill:gateway_admission_seconds_sum"):
+            total = float(value)
+        elif name.startswith("tokenmill:gateway_admission_seconds_count"):
+            count = float(value)
+        elif "_bucket" in name:
+            le = name.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(le), float(value)))
+    median = next((le for le, n in sorted(buckets) if n >= count / 2), float("nan"))
+    return 1000 * total / max(count, 1.0), 1000 * median
 
 
 def main() -> int:
@@ -135,9 +144,13 @@ def main() -> int:
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--markdown", default=None)
+    p.add_argument(
+        "--systems", default=",".join(SYSTEMS), help="comma-separated, of: " + ", ".join(SYSTEMS)
+    )
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tokenmill-gateway-bench-"))
     configs = {name: gateway_config(tmp, name, rules) for name, rules in SYSTEMS.items() if rules}
+    configs = {name: c for name, c in configs.items() if name in args.systems.split(",")}
     keys = {}
     for name, config in configs.items():  # one database per system: rows are counted apart
         made = subprocess.run(
@@ -147,7 +160,9 @@ def main() -> int:
             check=True, capture_output=True, text=True,
         )  # fmt: skip
         keys[name] = json.loads(made.stdout)["key"]
-    names = list(SYSTEMS)
+    names = [n for n in args.systems.split(",") if n]
+    if "off" not in names or any(n not in SYSTEMS for n in names):
+        raise SystemExit(f"--systems: off and any of {', '.join(SYSTEMS)}")
     results: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]  # each system first once
@@ -157,13 +172,13 @@ def main() -> int:
             try:
                 res = bench(url, keys.get(system), args, tmp / f"{system}-{r}", seed=1000 + r)
                 if config is not None:
-                    res["admission_ms"] = admission_ms(url)
+                    res["admission_ms"], res["admission_p50_ms"] = admission_ms(url)
             finally:
                 proc.terminate()
                 proc.wait(60)
             results[system].append(res)
-            extra = (f", {res['admission_ms']:.2f} ms/request in the gateway before the model"
-                     if "admission_ms" in res else "")  # fmt: skip
+            extra = (f", in the gateway before the model: mean {res['admission_ms']:.2f} ms, "
+                     f"p50 <= {res['admission_p50_ms']:g} ms" if "admission_ms" in res else "")  # fmt: skip
             print(f"round {r + 1} {system:>9}: {res['out_tps']:.1f} out tok/s, TTFT p50 "
                   f"{res['ttft_p50_ms']:.1f} ms, TPOT p50 {res['tpot_p50_ms']:.1f} ms, "
                   f"failed {res['failed']}{extra}", flush=True)  # fmt: skip
@@ -176,8 +191,8 @@ def main() -> int:
         f"prompts, {args.output_len} output tokens, {args.num_requests} requests per run, "
         f"median of {args.rounds} rounds (systems take turns, one server at a time)",
         "",
-        "| system | output tok/s | vs off | TTFT p50 ms | vs off | TPOT p50 ms | gateway ms before the model | ledger rows |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| system | output tok/s | vs off | TTFT p50 ms | vs off | TTFT p50 by round | TPOT p50 ms | gateway before the model: mean / p50 ms | ledger rows |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|",
     ]  # fmt: skip
     base = med["off"]
     for name in names:
@@ -187,13 +202,16 @@ def main() -> int:
         if name in configs:
             db = open_database(str(tmp / f"gateway-{name}.sqlite3"))
             rows = str(db.fetchone("SELECT COUNT(*) FROM usage")[0])
-            adm = f"{statistics.median(x['admission_ms'] for x in results[name]):.2f}"
+            adm = (f"{statistics.median(x['admission_ms'] for x in results[name]):.2f} / "
+                   f"<= {max(x['admission_p50_ms'] for x in results[name]):g}")  # fmt: skip
+        by_round = " / ".join(f"{x['ttft_p50_ms']:.0f}" for x in results[name])
         lines.append(
             f"| {name} | {m['out_tps']:.1f} | {m['out_tps'] / base['out_tps']:.3f}x | "
             f"{m['ttft_p50_ms']:.0f} | {m['ttft_p50_ms'] - base['ttft_p50_ms']:+.0f} | "
+            f"{by_round} | "
             f"{m['tpot_p50_ms']:.1f} | {adm} | {rows} |"
         )
-    on = med["on"]
+    on = med.get("on", base)
     ratio, delta = on["out_tps"] / base["out_tps"], on["ttft_p50_ms"] - base["ttft_p50_ms"]
     lines += [
         "",
