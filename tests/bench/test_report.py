@@ -98,3 +98,22 @@ def test_runs_on_a_busy_machine_are_flagged(tmp_path, results):
     assert "numbers not clean" in (tmp_path / "report.html").read_text()
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["runs"][0]["background_cpu_cores"] == 1.2
+
+
+def test_report_leads_with_the_headline_and_folds_the_settings(tmp_path, results):
+    console = Console(file=open(tmp_path / "console.txt", "w"), width=200)  # noqa: SIM115
+    write_report(
+        tmp_path, results, [], [], [], RunOptions(), console, baseline="llama-server", plots=False
+    )
+    page = (tmp_path / "report.html").read_text()
+    head = page.index("<h2>Headline</h2>")
+    assert head < page.index("<h2>Results</h2>") < page.index("<details><summary>Run settings")
+    headline = page[head : page.index("</ul>", head)]
+    assert "tokenmill / llama-server" in headline and "output tok/s" in headline
+    assert "x</span>" in headline  # ratios, coloured better / worse
+    assert page.index("<pre>") > page.index("<details>")  # the settings only inside it
+    console = Console(file=open(tmp_path / "c2.txt", "w"), width=200)  # noqa: SIM115
+    write_report(tmp_path, results, [], [], [], RunOptions(), console, plots=False)  # no baseline
+    page = (tmp_path / "report.html").read_text()
+    head = page[page.index("<h2>Headline</h2>") :]
+    assert "output tok/s" in head and "TTFT median" in head and " ms" in head

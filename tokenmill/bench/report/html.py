@@ -1,4 +1,6 @@
-"""A self-contained HTML page: run settings, the results table with ratios, the plots."""
+"""A self-contained HTML page for people: the headline first (each target against the
+baseline, or each target's main figures), then the plots, the full table, warnings, and the
+run's settings folded away at the end."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenmill.bench.report.rows import COLUMNS
+from tokenmill.bench.report.rows import COLUMNS, flat_summary, fmt, ratio_rows, scenario
 from tokenmill.bench.report.tables import busy_runs, table_rows
 from tokenmill.bench.results import RunResult
 
@@ -19,7 +21,57 @@ td:nth-child(-n+2),th:nth-child(-n+2){text-align:left}
 tr.ratio{background:#eef6ff;font-style:italic}
 img{max-width:48%;margin:6px;border:1px solid #eee}
 pre{background:#f6f6f6;padding:8px;font-size:12px;white-space:pre-wrap}
+ul.headline{font-size:15px;line-height:1.6}
+.better{color:#1a7f37;font-weight:600}.worse{color:#b42318;font-weight:600}
+p.sub{color:#666;margin-top:-0.6em}
+details{margin-top:2em}summary{cursor:pointer;font-weight:600}
 """
+# (summary key, label, format, higher is better)
+_HEADLINE = (
+    ("output_throughput", "output tok/s", "{:.1f}", True),
+    ("ttft_ms_median", "TTFT median", "{:.0f} ms", False),
+    ("tpot_ms_median", "TPOT median", "{:.1f} ms", False),
+    ("itl_ms_p99", "ITL p99", "{:.1f} ms", False),
+)
+
+
+def _ratio_span(value: float, higher_is_better: bool) -> str:
+    if value != value:  # NaN: no figure on one side
+        return "–"
+    good = value > 1.0 if higher_is_better else value < 1.0
+    cls = "better" if good else "worse" if value != 1.0 else ""
+    return f'<span class="{cls}">{value:.2f}x</span>'
+
+
+def headline(results: list[RunResult], baseline: str | None) -> str:
+    """Each target ÷ the baseline per scenario (or, without one, each run's main figures)."""
+    items = []
+    rows = ratio_rows(results, baseline) if baseline else []
+    for row in rows:
+        parts = ", ".join(f"{label} {_ratio_span(row[key], up)}" for key, label, _, up in _HEADLINE)
+        items.append(
+            f"<li><b>{html.escape(row['ratio'])}</b> · {html.escape(row['scenario'])}: {parts}</li>"
+        )
+    if not rows:
+        for r in results:
+            flat = flat_summary(r.summary)
+            parts = ", ".join(
+                f"{label} {html.escape(fmt(flat.get(key), pattern))}"
+                for key, label, pattern, _ in _HEADLINE
+            )
+            items.append(
+                f"<li><b>{html.escape(r.target)}</b> · {html.escape(scenario(r))}: {parts}</li>"
+            )
+    return '<ul class="headline">' + "".join(items) + "</ul>"
+
+
+def _subtitle(meta: dict[str, Any]) -> str:
+    bits = [str(meta.get(k)) for k in ("date", "cpu") if meta.get(k)]
+    if meta.get("cores"):
+        bits.append(f"{meta['cores']} cores")
+    if meta.get("commit"):
+        bits.append(f"commit {meta['commit']}")
+    return html.escape(" · ".join(bits))
 
 
 def render_html(
@@ -50,15 +102,21 @@ def render_html(
 <html><head><meta charset="utf-8"><title>tokenmill bench</title><style>{_CSS}</style></head>
 <body>
 <h1>tokenmill bench</h1>
-<pre>{html.escape(json.dumps(meta, indent=2, default=str))}</pre>
-<h2>Results</h2>
-<table><tr>{head}</tr>{"".join(body)}</table>
+<p class="sub">{_subtitle(meta)}</p>
+<h2>Headline</h2>
+{headline(results, baseline)}
 {"<h3>Errors and warnings</h3><ul>" + "".join(errors) + "</ul>" if errors else ""}
-<p>TTFT to the first streamed token; TPOT = (E2E − TTFT)/(output tokens − 1); ITL per token
-gap; goodput = requests meeting every SLO per second; failed requests are excluded from
-latencies and counted in err. Ratio rows divide each target's value by the baseline's.</p>
 <h2>Plots</h2>
 {imgs}
+<h2>Results</h2>
+<table><tr>{head}</tr>{"".join(body)}</table>
+<p>TTFT to the first streamed token; TPOT = (E2E − TTFT)/(output tokens − 1); ITL per token
+gap; goodput = requests meeting every SLO per second; failed requests are excluded from
+latencies and counted in err. Ratio rows divide each target's value by the baseline's
+(green: better, red: worse).</p>
+<details><summary>Run settings</summary>
+<pre>{html.escape(json.dumps(meta, indent=2, default=str))}</pre>
+</details>
 </body></html>
 """
 
