@@ -38,9 +38,9 @@ def _error(status: int, message: str, code: str, type_: str = "invalid_request_e
     return JSONResponse(body, status_code=status)
 
 
-def is_admin(gateway, request_headers) -> bool:
+def is_admin(gateway, authorization: bytes) -> bool:
     expected = gateway.config.admin_key_sha256
-    token = bearer_token(request_headers.get("authorization", "").encode("latin-1"))
+    token = bearer_token(authorization)
     return bool(expected and token) and hmac.compare_digest(hash_key(token), expected)
 
 
@@ -50,7 +50,9 @@ def build_admin_app(gateway) -> FastAPI:
 
     @app.middleware("http")
     async def admin_only(request: Request, call_next):
-        if request.url.path.startswith("/admin") and not is_admin(gateway, request.headers):
+        if request.url.path.startswith("/admin") and not is_admin(
+            gateway, request.headers.get("authorization", "").encode("latin-1")
+        ):
             return _error(401, "the admin API needs the admin key", "invalid_api_key")
         return await call_next(request)
 
@@ -177,27 +179,21 @@ def build_admin_app(gateway) -> FastAPI:
     ):
         return await usage_reply(key_id, team, since, until, group_by, rows=False)
 
-    @app.get("/admin/guardrail_events")
-    async def guardrail_events(
-        key_id: str | None = Query(None, max_length=100),
-        since: float | None = Query(None, ge=0, le=1e11),
-        limit: int = Query(100, ge=1, le=MAX_ROWS),
-    ):
-        found = await asyncio.to_thread(
-            queries.guardrail_events, db, key_id=key_id, since=since, limit=limit
-        )
-        return {"object": "list", "data": [asdict(e) for e in found]}
+    def audit_log(query):
+        """A reviewers' log route (`query` one of the store's event listings)."""
 
-    @app.get("/admin/tool_call_events")
-    async def tool_call_events(
-        key_id: str | None = Query(None, max_length=100),
-        since: float | None = Query(None, ge=0, le=1e11),
-        limit: int = Query(100, ge=1, le=MAX_ROWS),
-    ):
-        found = await asyncio.to_thread(
-            queries.tool_call_events, db, key_id=key_id, since=since, limit=limit
-        )
-        return {"object": "list", "data": [asdict(e) for e in found]}
+        async def route(
+            key_id: str | None = Query(None, max_length=100),
+            since: float | None = Query(None, ge=0, le=1e11),
+            limit: int = Query(100, ge=1, le=MAX_ROWS),
+        ):
+            found = await asyncio.to_thread(query, db, key_id=key_id, since=since, limit=limit)
+            return {"object": "list", "data": [asdict(e) for e in found]}
+
+        return route
+
+    app.get("/admin/guardrail_events")(audit_log(queries.guardrail_events))
+    app.get("/admin/tool_call_events")(audit_log(queries.tool_call_events))
 
     @app.get("/v1/usage")
     async def own_usage(

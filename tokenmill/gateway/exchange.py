@@ -17,6 +17,7 @@ from tokenmill.gateway.limits import Admission, Rejection
 from tokenmill.gateway.sse import Event, SSEParser
 from tokenmill.gateway.store.keys_table import StoredKey
 from tokenmill.gateway.store.records import GuardrailEvent, ToolCallEvent, UsageRecord
+from tokenmill.gateway.tool_policy import declared_tools
 
 logger = logging.getLogger("tokenmill.gateway")
 
@@ -96,20 +97,11 @@ class Exchange:
             self._finish_record()
 
     def _context(self, body: dict[str, Any], model: str) -> ExchangeContext:
-        from tokenmill.gateway.tool_policy import declared_tools
-
-        return ExchangeContext(
+        return self.gw.context(
+            self.config, self.key, self.adapter.endpoint, model,
+            stream=body.get("stream") is True, tools=declared_tools(body),
             request_id=self.request_id,
-            endpoint=self.adapter.endpoint,
-            model=model,
-            stream=body.get("stream") is True,
-            guardrails=self.config.guardrails,
-            output_rules=self.gw.has_output_rules,
-            output_modify=self.gw.output_rules_modify,
-            policy=self.config.tool_policy(self.key.tool_policy),
-            tools=declared_tools(body),
-            judge=self.gw.judge_for(model),
-        )
+        )  # fmt: skip
 
     # ------------------------------------------------------------ admission
 
@@ -178,18 +170,14 @@ class Exchange:
                     "invalid_request_error", "unscannable_input", "prompt"))  # fmt: skip
                 return None
             texts = [r.text for r in refs]
-            verdict = await check_input(
-                self.config.guardrails, texts, judge=self.gw.judge_for(ctx.model)
-            )
-            self._decisions(verdict.decisions)
+            verdict = await check_input(self.config.guardrails, texts, judge=ctx.judge)
+            ctx.decisions.extend(verdict.decisions)
             if verdict.blocked is not None:
                 await self._reject(400, error_envelope(
                     blocked_message(verdict.blocked), "invalid_request_error", "guardrail_blocked"))  # fmt: skip
                 return None
             if verdict.fallback is not None:
-                await self._fallback(
-                    body, verdict.replacement or self.gw.fallback_text(verdict.fallback)
-                )
+                await self._fallback(body, verdict.replacement or "")
                 return None
             changed = False
             for ref, text in zip(refs, verdict.texts, strict=True):
@@ -227,9 +215,6 @@ class Exchange:
             start, msg = json_response(200, self.adapter.fallback_json(body, text, ctx))
             await self.send(start)
             await self.send(msg)
-
-    def _decisions(self, decisions) -> None:
-        self.ctx.decisions.extend(decisions)
 
     # ------------------------------------------------------------ the inner app
 
@@ -493,8 +478,6 @@ def _sse_headers() -> list[tuple[bytes, bytes]]:
 async def filtered_read(gw, adapter, scope, receive, send, key: StoredKey) -> None:
     """A stored object read back (GET /v1/responses/{id}): the same output filters and tool
     policy as when it was made, so a redacted answer stays redacted. Nothing is metered."""
-    from tokenmill.gateway.endpoints.common import ExchangeContext
-
     start: dict[str, Any] = {}
     body = bytearray()
 
@@ -506,20 +489,13 @@ async def filtered_read(gw, adapter, scope, receive, send, key: StoredKey) -> No
 
     headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
     await gw.app({**scope, "headers": headers}, receive, capture)
-    config = gw.config
     obj = _parse(bytes(body))
     out = bytes(body)
     if obj is not None and 200 <= start.get("status", 500) < 300:
-        ctx = ExchangeContext(
-            request_id="", endpoint=adapter.endpoint, model=str(obj.get("model", "")),
-            stream=False, guardrails=config.guardrails, output_rules=gw.has_output_rules,
-            policy=config.tool_policy(key.tool_policy), tools={}, judge=gw.judge_for(str(obj.get("model", ""))),
-        )  # fmt: skip
-        ctx.tools = {
-            t.get("name"): t.get("parameters")
-            for t in obj.get("tools") or []
-            if isinstance(t, dict)
-        }
+        model = str(obj.get("model", ""))
+        ctx = gw.context(
+            gw.config, key, adapter.endpoint, model, stream=False, tools=declared_tools(obj)
+        )
         filtered = await adapter.transform_json(obj, ctx)
         if filtered is None:
             status = 400

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.gateway.config import GatewayConfig, load_gateway_config
+from tokenmill.gateway.endpoints.common import ExchangeContext
 from tokenmill.gateway.keys import KeyRing
 from tokenmill.gateway.limits import Limiter
 from tokenmill.gateway.metrics import GatewayMetrics
@@ -57,10 +58,25 @@ class Gateway:
         self.has_input_rules = any("input" in r.stages for r in rules)
         self.has_output_rules = any("output" in r.stages for r in rules)
         self.output_rules_modify = any("output" in r.stages and r.action != "audit" for r in rules)
-        self._fallbacks = {r.name: r.fallback for r in rules if r.fallback}
+        self.has_classifier = any(r.kind == "classifier" for r in rules)
 
-    def fallback_text(self, decision) -> str:
-        return self._fallbacks.get(decision.rule) or ""
+    def context(
+        self, config: GatewayConfig, key, endpoint: str, model: str, *,
+        stream: bool, tools: dict[str, Any], request_id: str = "",
+    ) -> ExchangeContext:  # fmt: skip
+        """One request's view of the config: its rules, the key's tool policy, the judge."""
+        return ExchangeContext(
+            request_id=request_id,
+            endpoint=endpoint,
+            model=model,
+            stream=stream,
+            guardrails=config.guardrails,
+            output_rules=self.has_output_rules,
+            output_modify=self.output_rules_modify,
+            policy=config.tool_policy(key.tool_policy),
+            tools=tools,
+            judge=self.judge_for(model),
+        )
 
     @staticmethod
     def new_request_id() -> str:
@@ -138,7 +154,7 @@ class Gateway:
     def judge_for(self, model: str):
         """The served model as a classifier: the probabilities of its next token after the
         judging prompt (top 20 logprobs, greedy), asked in-process of the inner app."""
-        if not any(r.kind == "classifier" for r in self.config.guardrails.rules):
+        if not self.has_classifier:
             return None
         timeout = self.config.classifier_timeout_s
 

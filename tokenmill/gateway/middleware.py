@@ -27,11 +27,6 @@ _MESSAGES = {
 }
 
 
-class _Headers(dict):
-    def get(self, name: str, default: str = "") -> str:  # type: ignore[override]
-        return super().get(name.lower(), default)
-
-
 class GatewayMiddleware:
     def __init__(self, app, gateway) -> None:
         self.app = app
@@ -54,9 +49,7 @@ class GatewayMiddleware:
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         state = gw.keys.check(bearer_token(header))
         if state.problem is not None:
-            if path == "/v1/usage" and is_admin(
-                gw, _Headers({"authorization": header.decode("latin-1")})
-            ):
+            if path == "/v1/usage" and is_admin(gw, header):
                 return await self.admin(scope, receive, send)
             gw.metrics.unauthorized.labels(state.problem).inc()
             return await _unauthorized(send, _MESSAGES[state.problem])

@@ -358,12 +358,12 @@ class ChoiceStreamRewriter:
         return out
 
     async def _choice(self, choice: dict[str, Any]) -> tuple[list[Event], dict[str, Any] | None]:
-        """Events to send after this choice's rewritten chunk, and the chunk (None: dropped)."""
+        """Events to send in place of this choice (none: it is sent as rewritten) and its
+        rewritten chunk (None: not sent on its own)."""
         ctx, adapter = self.ctx, self.adapter
         state = self._state(choice["index"])
         if state.closed:
             return [], None
-        after: list[Event] = []
         text = adapter.chunk_text(choice)
         if text:
             step = state.filter.feed(text)
@@ -388,10 +388,8 @@ class ChoiceStreamRewriter:
             state.closed = True
             if before or calls:  # flushed text and held calls go before the finish chunk
                 return [*before, *calls, self._out([choice])], None
-            return after, choice
-        if adapter.empty_choice(choice):
-            return after, None
-        return after, choice
+            return [], choice
+        return [], None if adapter.empty_choice(choice) else choice
 
     def _collect_calls(self, choice: dict[str, Any], state: _ChoiceState) -> None:
         delta = choice.get("delta")

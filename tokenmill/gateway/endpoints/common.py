@@ -104,13 +104,11 @@ class TextFilter:
         self.checker = OutputChecker(ctx.guardrails) if ctx.output_rules else None
         self.emitted: list[str] = []
         self.stopped: Decision | None = None
-        self.modified = False
 
-    def _take(self, step, given: str | None) -> FilterStep:
+    def _take(self, step) -> FilterStep:
         self.ctx.decisions.extend(step.decisions)
         if step.stop is not None:
             self.stopped = step.stop
-            self.modified = True
         self.emitted.append(step.emit)
         return FilterStep(step.emit, step.stop, step.replacement)
 
@@ -123,7 +121,7 @@ class TextFilter:
         if not self.ctx.output_modify:  # audit only: the text goes now, checked whole at the end
             self.emitted.append(text)
             return FilterStep(text)
-        return self._take(self.checker.feed(text), text)
+        return self._take(self.checker.feed(text))
 
     async def finish(self) -> FilterStep:
         if self.stopped is not None or self.checker is None:
@@ -137,7 +135,7 @@ class TextFilter:
             step = await self.checker.finish_async(self.ctx.judge)
         else:
             step = self.checker.finish()
-        return self._take(step, None)
+        return self._take(step)
 
     async def whole(self, text: str) -> FilterStep:
         """The non-streamed text: the final text (or the stop)."""
@@ -145,9 +143,7 @@ class TextFilter:
         if first.stop is not None:
             return FilterStep("".join(self.emitted), first.stop, first.replacement)
         last = await self.finish()
-        out = "".join(self.emitted)
-        self.modified = self.modified or out != text
-        return FilterStep(out, last.stop, last.replacement)
+        return FilterStep("".join(self.emitted), last.stop, last.replacement)
 
     @property
     def text(self) -> str:

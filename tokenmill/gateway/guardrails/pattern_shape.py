@@ -14,11 +14,11 @@ import string
 from dataclasses import dataclass
 from functools import lru_cache
 
+from tokenmill.gateway.guardrails.sre_tree import ATOMIC, REPEATS, children
+
 # Lookaround reach beyond this is treated as unbounded: a stream's window is at most 4096.
 MAX_REACH = 4096
 _RE_FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE | re.ASCII
-_REPEATS = {c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)}
-_ATOMIC = getattr(c, "ATOMIC_GROUP", None)
 _SPACE = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
 _CATEGORIES = {
     c.CATEGORY_DIGIT: string.digits,
@@ -87,10 +87,10 @@ class _First:
         if op is c.SUBPATTERN:
             _, add, remove, sub = av  # type: ignore[misc]
             return self.seq(sub, (ic or bool(add & re.IGNORECASE)) and not remove & re.IGNORECASE)
-        if op in _REPEATS:
+        if op in REPEATS:
             low, _, sub = av  # type: ignore[misc]
             return self.seq(sub, ic) or low == 0
-        if _ATOMIC is not None and op is _ATOMIC:
+        if ATOMIC is not None and op is ATOMIC:
             return self.seq(av, ic)
         if op in (c.AT, c.ASSERT, c.ASSERT_NOT):
             return True  # zero width: restricts, never adds a first character
@@ -122,50 +122,34 @@ class _First:
                 self.any = True
 
 
-def _children(op: object, av: object) -> list[object]:
-    if op in _REPEATS:
-        return [av[2]]  # type: ignore[index]
-    if op is c.SUBPATTERN:
-        return [av[3]]  # type: ignore[index]
-    if op is c.BRANCH:
-        return list(av[1])  # type: ignore[index]
-    if op is c.GROUPREF_EXISTS:
-        return [p for p in av[1:] if p is not None]  # type: ignore[index]
-    if _ATOMIC is not None and op is _ATOMIC:
-        return [av]
-    return []
-
-
 def _width(sub: object) -> int:
     return min(sub.getwidth()[1], MAX_REACH)  # type: ignore[attr-defined]
+
+
+def _reach(sub: object, direction: int, anchors: dict) -> int:
+    """How far a lookaround in `direction` (1 ahead, -1 behind) or an anchor of `anchors`
+    in `sub` may read past the position it is tried at."""
+    reach = 0
+    for op, av in sub:  # type: ignore[attr-defined]
+        if op in (c.ASSERT, c.ASSERT_NOT):
+            way, inner = av
+            here = _reach(inner, direction, anchors)
+            if way == direction:
+                here += _width(inner)
+        elif op is c.AT:
+            here = anchors.get(av, 0)
+        else:
+            here = max((_reach(ch, direction, anchors) for ch in children(op, av)), default=0)
+        reach = max(reach, here)
+    return min(reach, MAX_REACH)
 
 
 def _ahead(sub: object) -> int:
     """How far past the position it is tried at (at most a match's end) a lookahead or an
     end anchor in `sub` may read."""
-    reach = 0
-    for op, av in sub:  # type: ignore[attr-defined]
-        if op in (c.ASSERT, c.ASSERT_NOT):
-            direction, inner = av
-            here = _width(inner) + _ahead(inner) if direction == 1 else _ahead(inner)
-        elif op is c.AT:
-            here = _AT_AHEAD.get(av, 0)
-        else:
-            here = max((_ahead(ch) for ch in _children(op, av)), default=0)
-        reach = max(reach, here)
-    return min(reach, MAX_REACH)
+    return _reach(sub, 1, _AT_AHEAD)
 
 
 def _behind(sub: object) -> int:
     """How far before the position it is tried at a lookbehind or `\\b` in `sub` may read."""
-    reach = 0
-    for op, av in sub:  # type: ignore[attr-defined]
-        if op in (c.ASSERT, c.ASSERT_NOT):
-            direction, inner = av
-            here = _width(inner) + _behind(inner) if direction == -1 else _behind(inner)
-        elif op is c.AT:
-            here = _AT_BEHIND.get(av, 0)
-        else:
-            here = max((_behind(ch) for ch in _children(op, av)), default=0)
-        reach = max(reach, here)
-    return min(reach, MAX_REACH)
+    return _reach(sub, -1, _AT_BEHIND)

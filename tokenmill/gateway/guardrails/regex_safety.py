@@ -16,12 +16,10 @@ import re._parser as sre_parse  # type: ignore[import-not-found]
 
 import regex
 
+from tokenmill.gateway.guardrails.sre_tree import REPEATS, children
+
 MAX_PATTERN_CHARS = 1000
 MAX_NESTED_PRODUCT = 1000
-_REPEATS = {sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT}
-_POSSESSIVE = getattr(sre_constants, "POSSESSIVE_REPEAT", None)
-if _POSSESSIVE is not None:
-    _REPEATS.add(_POSSESSIVE)
 _UNBOUNDED = sre_constants.MAXREPEAT
 
 
@@ -30,26 +28,10 @@ def nested_repeat_problem(pattern: str) -> str | None:
     return _walk(sre_parse.parse(pattern), outer=1)
 
 
-def _children(op: object, av: object) -> list[object]:
-    if op in _REPEATS:
-        return [av[2]]  # type: ignore[index]
-    if op is sre_constants.SUBPATTERN:
-        return [av[3]]  # type: ignore[index]
-    if op is sre_constants.BRANCH:
-        return list(av[1])  # type: ignore[index]
-    if op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
-        return [av[1]]  # type: ignore[index]
-    if op is sre_constants.GROUPREF_EXISTS:
-        return [p for p in av[1:] if p is not None]  # type: ignore[index]
-    if op is getattr(sre_constants, "ATOMIC_GROUP", None):
-        return [av]
-    return []
-
-
 def _walk(sub: object, outer: int) -> str | None:
     """`outer` is the product of the enclosing repeats' upper bounds (1: none)."""
     for op, av in sub:  # type: ignore[attr-defined]
-        if op in _REPEATS:
+        if op in REPEATS:
             high = av[1]
             if high > 1 and outer > 1:
                 if _UNBOUNDED in (high, outer):
@@ -60,7 +42,7 @@ def _walk(sub: object, outer: int) -> str | None:
                     return f"nested repetition bounds multiply past {MAX_NESTED_PRODUCT}"
             problem = _walk(av[2], _times(outer, high))
         else:
-            problem = next((p for c in _children(op, av) if (p := _walk(c, outer))), None)
+            problem = next((p for c in children(op, av) if (p := _walk(c, outer))), None)
         if problem:
             return problem
     return None
