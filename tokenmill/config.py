@@ -178,6 +178,42 @@ def default_num_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+KV_ROLES = ("both", "prefill", "decode")
+KV_CARRIERS = ("auto", "tcp", "shm")
+KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """Prefill/decode disaggregation: a prefill worker serves its requests' KV blocks to the
+    decode workers that pull them (tokenmill/kv/connector)."""
+
+    role: str = "both"  # "prefill" serves KV blocks, "decode" loads them, "both" neither
+    # where a prefill worker's KV server binds (port 0: any free port, reported in server_info)
+    endpoint: str = "tcp://127.0.0.1:0"
+    carrier: str = "auto"  # decode side: "shm" for a peer on this host, else "tcp"
+    lease_timeout_s: float = 60.0  # prefill side: blocks held for a puller at most this long
+    transfer_timeout_s: float = 120.0  # decode side: a pull that takes longer is a failure
+    load_failure_policy: str = "recompute"  # decode side, when a transfer fails
+    chunk_blocks: int = 32  # blocks per reply (one frame per layer)
+
+    def __post_init__(self) -> None:
+        if self.role not in KV_ROLES:
+            raise ValueError(f"role: must be one of {', '.join(KV_ROLES)}")
+        if self.carrier not in KV_CARRIERS:
+            raise ValueError(f"kv_transfer_carrier: must be one of {', '.join(KV_CARRIERS)}")
+        if self.load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
+            raise ValueError(
+                "kv_load_failure_policy: must be one of " + ", ".join(KV_LOAD_FAILURE_POLICIES)
+            )
+        if not (self.lease_timeout_s > 0 and self.transfer_timeout_s > 0):
+            raise ValueError("kv lease and transfer timeouts: must be > 0")
+        if not 1 <= self.chunk_blocks <= 1024:
+            raise ValueError("kv_transfer_chunk_blocks: must be in [1, 1024]")
+        if not self.endpoint.startswith("tcp://"):
+            raise ValueError("kv_transfer_endpoint: must be tcp://HOST:PORT")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
@@ -193,3 +229,4 @@ class EngineConfig:
     record_traffic_max_bytes: int = 256 << 20
     # one short request through the model before serving (first-call costs paid up front)
     warm_up: bool = True
+    kv_transfer_config: KVTransferConfig = field(default_factory=KVTransferConfig)

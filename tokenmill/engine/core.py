@@ -21,6 +21,8 @@ from tokenmill.engine.core_types import (
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.inputs.validation import validate_params, validate_prompt
 from tokenmill.kernels import ops
+from tokenmill.kv.connector.connector import KVConnector
+from tokenmill.kv.connector.params import KVTransferParams
 from tokenmill.kv.events import KVEventCollector, KVEventPublisher
 from tokenmill.kv.manager import KVCacheManager, cdiv
 from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
@@ -168,6 +170,12 @@ class EngineCore:
                 r.prompt_token_ids, r.output_token_ids, r.finish_reason or ""
             )
         self.num_blocks = num_blocks
+        self.kv_connector = (
+            KVConnector(config.kv_transfer_config, self.kv_manager, self.scheduler,
+                        self.runner.kv_caches)
+            if config.kv_transfer_config.role != "both"
+            else None
+        )  # fmt: skip
         self._grammar_compiler: GrammarCompiler | None = None
         profile.mark("scheduler")
         if config.warm_up:
@@ -254,6 +262,7 @@ class EngineCore:
     def add_request(self, req: EngineCoreRequest) -> None:
         validate_prompt(req.prompt_token_ids, self.vocab_size, self.max_model_len)
         validate_params(req.sampling_params, self.vocab_size)
+        transfer = self._transfer_params(req)
         bound = self.config.scheduler_config.max_waiting_requests
         if bound is not None and self.scheduler.num_waiting >= bound:
             raise QueueFullError(f"the waiting queue is full ({bound} requests)")
@@ -277,7 +286,25 @@ class EngineCore:
             )
         if repetition:
             request.repetition = RepetitionDetector(repetition)
-        self.scheduler.add_request(request)
+        if transfer is not None:
+            assert self.kv_connector is not None
+            self.kv_connector.add(request, transfer)
+        else:
+            self.scheduler.add_request(request)
+
+    def _transfer_params(self, req: EngineCoreRequest) -> KVTransferParams | None:
+        if req.kv_transfer_params is None:
+            return None
+        try:
+            params = KVTransferParams.from_json(req.kv_transfer_params)
+        except ValueError as e:
+            raise ValueError(f"kv_transfer_params: {e}") from None
+        if self.kv_connector is None:
+            raise ValueError("kv_transfer_params: this worker runs with --role both")
+        self.kv_connector.check(params)
+        if req.sampling_params.n > 1:
+            raise ValueError("kv_transfer_params: needs n = 1")
+        return params
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:
@@ -296,7 +323,17 @@ class EngineCore:
         return self._grammar_compiler
 
     def abort_requests(self, request_ids: list[str]) -> None:
+        if self.kv_connector is not None:
+            request_ids = [rid for rid in request_ids if not self.kv_connector.abort(rid)]
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def poll_connector(self) -> list[EngineCoreOutput]:
+        """KV transfer news (blocks arrived, leases ended); requests failed by a load."""
+        return self.kv_connector.poll() if self.kv_connector is not None else []
+
+    @property
+    def wake_socket(self):  # noqa: ANN201 - a zmq socket, polled by the engine loop
+        return self.kv_connector.wake_socket if self.kv_connector is not None else None
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -304,7 +341,11 @@ class EngineCore:
     # ------------------------------------------------------------ one step
 
     def step(self) -> EngineCoreOutputs:
+        failed = self.poll_connector()
         outs = self._step()
+        if self.kv_connector is not None:
+            self.kv_connector.after_step()
+        outs.outputs = failed + outs.outputs
         self._publish_events()
         return outs
 
@@ -318,6 +359,8 @@ class EngineCore:
         stats.prefix_cache_hits_by_medium = dict(self.kv_manager.stats.hits_by_medium)
         if self.kv_manager.store is not None:
             stats.kv_tiers = self.kv_manager.store.stats()
+        if self.kv_connector is not None:
+            stats.kv_transfer = self.kv_connector.stats.to_dict()
         return stats
 
     def speculative_info(self) -> dict | None:
@@ -331,6 +374,8 @@ class EngineCore:
         return ok
 
     def shutdown(self) -> None:
+        if self.kv_connector is not None:
+            self.kv_connector.shutdown()
         if self.publisher is not None:
             self.publisher.close()
         if self.recorder is not None:

@@ -57,12 +57,16 @@ class EngineCoreProc:
             "speculative": core.speculative_info(),
             "pid": os.getpid(),
             "startup": core.profile.to_dict(),
+            "kv_transfer": core.kv_connector.info() if core.kv_connector else None,
         }
         self.output.send_multipart([b"READY", pack(info)])
 
     def run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.input, zmq.POLLIN)
+        wake = self.core.wake_socket
+        if wake is not None:  # KV transfers report here (blocks arrived, leases released)
+            poller.register(wake, zmq.POLLIN)
         last_stats = 0.0
         while True:
             busy = self.core.has_unfinished_requests()
@@ -71,6 +75,8 @@ class EngineCoreProc:
                 if not self._handle(self.input.recv_multipart()):
                     return
                 events = dict(poller.poll(0))
+            if wake is not None:
+                self.rejected += self.core.poll_connector()
             if self.core.has_unfinished_requests() or self.rejected:
                 outs = (
                     self.core.step() if self.core.has_unfinished_requests() else EngineCoreOutputs()

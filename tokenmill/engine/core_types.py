@@ -19,6 +19,7 @@ class EngineCoreRequest:
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None
+    kv_transfer_params: dict | None = None  # KVTransferParams.to_json()
 
 
 @dataclass
@@ -92,6 +93,7 @@ class SchedulerStats:
     prefix_cache_hits_by_medium: dict = field(default_factory=dict)
     kv_tiers: dict = field(default_factory=dict)
     spec_decode: SpecDecodeStats | None = None  # None: speculation off
+    kv_transfer: dict | None = None  # KVTransferStats.to_dict(); None: no connector
 
 
 @dataclass

@@ -59,13 +59,14 @@ def encode_request(req: EngineCoreRequest) -> bytes:
             req.arrival_time,
             req.priority,
             req.cache_salt,
+            req.kv_transfer_params,
         ]
     )
 
 
 def decode_request(data: bytes) -> EngineCoreRequest:
-    rid, ids, params, arrival, priority, salt = msgpack.unpackb(data, strict_map_key=False)
-    return EngineCoreRequest(rid, ids, _params_from_list(params), arrival, priority, salt)
+    rid, ids, params, arrival, priority, salt, kv = msgpack.unpackb(data, strict_map_key=False)
+    return EngineCoreRequest(rid, ids, _params_from_list(params), arrival, priority, salt, kv)
 
 
 def _stat_to_wire(value: Any) -> Any:

@@ -16,6 +16,8 @@ from tokenmill.request import Request
 
 logger = logging.getLogger(__name__)
 
+MEDIUM_REMOTE = "remote"  # blocks pulled from a prefill worker (kv/connector)
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -48,6 +50,12 @@ class ComputedBlocks:
     def num_tokens(self) -> int:
         return (len(self.device) + len(self.loaded)) * self.block_size
 
+    @property
+    def num_local_tokens(self) -> int:
+        """Cached here (any tier), not transferred from a prefill worker."""
+        remote = sum(1 for _, _, medium in self.loaded if medium == MEDIUM_REMOTE)
+        return self.num_tokens - remote * self.block_size
+
 
 @dataclass
 class PrefixCacheStats:
@@ -75,6 +83,8 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
+        # blocks a prefill worker computed for a request (by request id), used at admission
+        self.received: dict[str, dict[BlockHash, torch.Tensor]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -107,6 +117,10 @@ class KVCacheManager:
         while i < limit and (block := self.pool.lookup(hashes[i])) is not None:
             found.device.append(block)
             i += 1
+        received = self.received.get(request.request_id)
+        while received and i < limit and (data := received.get(hashes[i])) is not None:
+            found.loaded.append((hashes[i], data, MEDIUM_REMOTE))
+            i += 1
         while self.store is not None and i < limit:
             hit = self.store.lookup(hashes[i])
             if hit is None:
@@ -118,13 +132,15 @@ class KVCacheManager:
     def record_lookup(self, request: Request, found: ComputedBlocks) -> None:
         """Counts a first-time prompt lookup in the prefix-cache stats."""
         self.stats.queries += request.num_prompt_tokens
-        self.stats.hits += found.num_tokens
+        self.stats.hits += found.num_local_tokens
         by_medium = self.stats.hits_by_medium
         if found.device:
             by_medium[MEDIUM_DEVICE] = (
                 by_medium.get(MEDIUM_DEVICE, 0) + len(found.device) * self.block_size
             )
         for _, _, medium in found.loaded:
+            if medium == MEDIUM_REMOTE:
+                continue
             by_medium[medium] = by_medium.get(medium, 0) + self.block_size
 
     # ------------------------------------------------------------ allocation
@@ -157,6 +173,7 @@ class KVCacheManager:
             blocks.extend(new)
         if shared or loaded:
             self.num_cached_blocks[request.request_id] = len(shared) + len(loaded)
+        self.received.pop(request.request_id, None)  # written (or not needed any more)
         return True
 
     def cache_full_blocks(self, request: Request) -> None:
@@ -195,6 +212,7 @@ class KVCacheManager:
             del blocks[keep:]
 
     def free(self, request: Request) -> None:
+        self.received.pop(request.request_id, None)
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
         # Tail first: when cached blocks are evicted later, a prefix's end goes before its start.

@@ -15,6 +15,7 @@ from tokenmill.engine.core_types import (
     SchedulerStats,
     SpecDecodeStats,
 )
+from tokenmill.kv.connector.base import SchedulerConnector
 from tokenmill.kv.manager import KVCacheManager
 from tokenmill.request import Request, RequestStatus
 from tokenmill.scheduler.queue import make_queue
@@ -91,6 +92,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self.num_repetition_cutoffs = 0
+        self.connector: SchedulerConnector | None = None  # prefill worker: transfer leases
 
     # ------------------------------------------------------------ requests in and out
 
@@ -112,7 +114,7 @@ class Scheduler:
             else:
                 self.waiting.remove(request)
             request.status = status
-            self.kv.free(request)
+            self._free(request, status.name.lower())
             done.append(request)
         return done
 
@@ -184,7 +186,7 @@ class Scheduler:
                 request.num_computed_tokens = 0
                 break
             if request.status == RequestStatus.WAITING:  # first admission (not a re-admission)
-                request.num_cached_tokens = computed.num_tokens
+                request.num_cached_tokens = computed.num_local_tokens
                 self.kv.record_lookup(request, computed)
             self.waiting.pop()
             request.status = RequestStatus.RUNNING
@@ -237,7 +239,7 @@ class Scheduler:
         """Preempt by recompute: drop its KV, send it back to the front of the queue.
         Returns the token budget it had taken this step (0 if not scheduled yet)."""
         self.running.remove(request)
-        self.kv.free(request)
+        self._free(request, "preempted")
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -290,11 +292,17 @@ class Scheduler:
             )
             if request.is_finished:
                 self.running.remove(request)
-                self.kv.free(request)
+                if self.connector is None or not self.connector.request_finished(request):
+                    self.kv.free(request)
                 del self.requests[rid]
                 if self.on_finished is not None:
                     self.on_finished(request)
         return outputs
+
+    def _free(self, request: Request, why: str) -> None:
+        if self.connector is not None:
+            self.connector.blocks_lost(request, why)
+        self.kv.free(request)
 
     def _check_stop(self, request: Request, token: int) -> bool:
         num_out = request.num_output_tokens
