@@ -7,11 +7,15 @@ import argparse
 
 from tokenmill.config import (
     DRAFT_POLICIES,
+    KV_CARRIERS,
+    KV_LOAD_FAILURE_POLICIES,
+    KV_ROLES,
     SPECULATIVE_METHODS,
     WEIGHT_FORMATS,
     CacheConfig,
     EngineConfig,
     GiB,
+    KVTransferConfig,
     ModelConfig,
     SchedulerConfig,
     SpeculativeConfig,
@@ -178,8 +182,67 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_kv_transfer_args(p: argparse.ArgumentParser) -> None:
+    """`serve` only: this replica's part in prefill/decode disaggregation."""
+    g = p.add_argument_group("prefill/decode disaggregation")
+    g.add_argument(
+        "--role",
+        choices=KV_ROLES,
+        default="both",
+        help="prefill: serve the KV blocks of requests the router marks do_remote_decode; "
+        "decode: load the prompt's KV from a prefill worker for requests marked "
+        "do_remote_prefill; both: neither (a plain replica)",
+    )
+    g.add_argument(
+        "--kv-transfer-endpoint",
+        default="tcp://127.0.0.1:0",
+        metavar="ENDPOINT",
+        help="prefill worker: where its KV block server binds (port 0: any free port; the "
+        "address is reported in /server_info). Bind a reachable address across hosts",
+    )
+    g.add_argument(
+        "--kv-transfer-carrier",
+        choices=KV_CARRIERS,
+        default="auto",
+        help="decode worker: shm (shared memory, same host), tcp, or auto (shm when the "
+        "prefill worker is on this host)",
+    )
+    g.add_argument(
+        "--kv-lease-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="prefill worker: blocks held for a decode worker at most this long",
+    )
+    g.add_argument(
+        "--kv-transfer-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="decode worker: a KV load taking longer fails",
+    )
+    g.add_argument(
+        "--kv-load-failure-policy",
+        choices=KV_LOAD_FAILURE_POLICIES,
+        default="recompute",
+        help="decode worker, when a KV load fails: recompute the prompt here, or fail the request",
+    )  # fmt: skip
+
+
+def kv_transfer_config(args: argparse.Namespace) -> KVTransferConfig:
+    return KVTransferConfig(
+        role=args.role,
+        endpoint=args.kv_transfer_endpoint,
+        carrier=args.kv_transfer_carrier,
+        lease_timeout_s=args.kv_lease_timeout,
+        transfer_timeout_s=args.kv_transfer_timeout,
+        load_failure_policy=args.kv_load_failure_policy,
+    )
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return dict(
+        kv_transfer_config=kv_transfer_config(args) if hasattr(args, "role") else None,
         dtype=args.dtype,
         quantization=args.quantization,
         weights=args.weights,
@@ -252,6 +315,7 @@ def build_engine_config(
     record_traffic: str | None = None,
     record_traffic_max_mib: int = 256,
     warm_up: bool = True,
+    kv_transfer_config: KVTransferConfig | None = None,
 ) -> EngineConfig:
     if record_traffic_max_mib < 1:
         raise ValueError("record-traffic-max-mib: must be >= 1")
@@ -293,6 +357,7 @@ def build_engine_config(
         record_traffic_dir=record_traffic,
         record_traffic_max_bytes=record_traffic_max_mib << 20,
         warm_up=warm_up,
+        kv_transfer_config=kv_transfer_config or KVTransferConfig(),
         speculative_config=(
             SpeculativeConfig(
                 speculative,

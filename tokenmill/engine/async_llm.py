@@ -69,6 +69,7 @@ class GenerationRequest:
     prompt: str | None = None
     priority: int = 0
     cache_salt: str | None = None
+    kv_transfer_params: dict | None = None  # prefill/decode disaggregation (the router's)
 
 
 class OutputStream:
@@ -233,7 +234,7 @@ class AsyncLLM:
                 self._timing[r.request_id] = RequestTiming(now, len(r.prompt_token_ids))
                 core_requests += self.processor.make_requests(
                     r.request_id, r.prompt_token_ids, r.params, child_ids, now, r.priority,
-                    r.cache_salt,
+                    r.cache_salt, r.kv_transfer_params,
                 )  # fmt: skip
             await self.client.add_requests(core_requests)
         except BaseException:

@@ -54,6 +54,7 @@ class InputProcessor:
         arrival_time: float,
         priority: int = 0,
         cache_salt: str | None = None,
+        kv_transfer_params: dict | None = None,
     ) -> list[EngineCoreRequest]:
         """One core request per sample; seeded samples get distinct, reproducible seeds."""
         reqs = []
@@ -63,8 +64,14 @@ class InputProcessor:
             )
             reqs.append(
                 EngineCoreRequest(
-                    cid, prompt_token_ids, child_params, arrival_time, priority, cache_salt
-                )
+                    cid,
+                    prompt_token_ids,
+                    child_params,
+                    arrival_time,
+                    priority,
+                    cache_salt,
+                    kv_transfer_params,
+                )  # fmt: skip
             )
         return reqs
 

@@ -10,7 +10,7 @@ import sys
 import threading
 from contextlib import asynccontextmanager
 
-from tokenmill.engine.arg_utils import build_engine_config, engine_kwargs
+from tokenmill.engine.arg_utils import add_kv_transfer_args, build_engine_config, engine_kwargs
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.server.batch.config import add_batch_args, batch_config
 from tokenmill.server.responses.config import add_response_store_args, response_store_config
@@ -80,6 +80,7 @@ def add_serve_parser(sub, add_engine_args) -> None:
     add_response_store_args(p)
     add_batch_args(p)
     add_engine_args(p)
+    add_kv_transfer_args(p)
     # batch lines run below interactive requests: the priority policy admits those first and
     # preempts batch lines first (with equal priorities it is first-come-first-served)
     p.set_defaults(scheduling_policy="priority")

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from tokenmill.config import MAX_SPEC_ROWS
 from tokenmill.engine.async_llm import RequestTiming
 from tokenmill.engine.core_types import SchedulerStats, SpecDecodeStats
+from tokenmill.server.kv_transfer_metrics import KVTransferMetrics
 
 _LATENCY_BUCKETS = (
     0.005,
@@ -55,6 +56,7 @@ class ServerMetrics:
 
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
+        self.kv_transfer: KVTransferMetrics | None = None  # created by a worker's first stats
         labels = ["model_name"]
         r = self.registry
         self.running = Gauge(
@@ -255,6 +257,10 @@ class ServerMetrics:
             self.tier_store_p50.labels(m, medium).set(tier.get("store_p50_s", 0.0))
         if stats.spec_decode is not None:
             self._on_spec_stats(stats.spec_decode)
+        if stats.kv_transfer is not None:
+            if self.kv_transfer is None:
+                self.kv_transfer = KVTransferMetrics(self.registry, m)
+            self.kv_transfer.update(stats.kv_transfer, self._last.kv_transfer)
         self._last = stats
 
     def _on_spec_stats(self, spec: SpecDecodeStats) -> None:

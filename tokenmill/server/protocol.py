@@ -156,6 +156,8 @@ class SamplingFields(SamplingKnobs):
     user: str | None = None
     # extensions (as vLLM)
     response_format: ResponseFormat | None = None
+    # prefill/decode disaggregation, set by the router (tokenmill/kv/connector/params.py)
+    kv_transfer_params: dict[str, Any] | None = None
     structured_outputs: StructuredOutputsRequest | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None

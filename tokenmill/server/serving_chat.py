@@ -15,6 +15,7 @@ from tokenmill.server.chat_prompt import render_chat_request, request_tools
 from tokenmill.server.constraints import build_constraint, repetition_setting, tools_to_force
 from tokenmill.server.errors import bad_request
 from tokenmill.server.generation import event_stream, final_outputs, respond, submit
+from tokenmill.server.kv_transfer import kv_transfer_request
 from tokenmill.server.logprobs import chat_logprobs_content
 from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.sampling import chat_logprobs, resolve_max_tokens, to_sampling_params
@@ -88,8 +89,14 @@ async def create_chat_completion(
         engine,
         [
             GenerationRequest(
-                completion_id, prompt_ids, params, prompt, req.priority, req.cache_salt
-            )
+                completion_id,
+                prompt_ids,
+                params,
+                prompt,
+                req.priority,
+                req.cache_salt,
+                kv_transfer_request(req, engine.engine_info, 1),
+            )  # fmt: skip
         ],
         request_id,
     )

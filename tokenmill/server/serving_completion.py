@@ -15,6 +15,7 @@ from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.constraints import build_constraint, repetition_setting
 from tokenmill.server.errors import bad_request, from_value_error
 from tokenmill.server.generation import event_stream, final_outputs, respond, submit
+from tokenmill.server.kv_transfer import kv_transfer_request
 from tokenmill.server.logprobs import completion_logprobs
 from tokenmill.server.protocol import CompletionRequest
 from tokenmill.server.sampling import resolve_max_tokens, to_sampling_params
@@ -48,6 +49,7 @@ async def create_completion(
     constraint = await build_constraint(state.get_grammar_compiler, req)
     completion_id = new_id("cmpl")
     requests = []
+    kv_transfer = kv_transfer_request(req, engine.engine_info, len(prompts))
     for i, (text, ids) in enumerate(prompts):
         max_tokens = resolve_max_tokens(
             req.max_tokens, len(ids), engine.max_model_len, "max_tokens",
@@ -59,7 +61,9 @@ async def create_completion(
         if req.echo and req.logprobs is not None:
             params.prompt_logprobs = req.logprobs
         rid = f"{completion_id}-{i}"
-        requests.append(GenerationRequest(rid, ids, params, text, req.priority, req.cache_salt))
+        requests.append(
+            GenerationRequest(rid, ids, params, text, req.priority, req.cache_salt, kv_transfer)
+        )
     record = AccessRecord(request_id, completion_id, "completions", sum(len(p[1]) for p in prompts))
     stream = await submit(engine, requests, request_id)
     out = _CompletionOutput(state, req, completion_id, model, prompts)

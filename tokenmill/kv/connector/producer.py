@@ -62,6 +62,8 @@ class KVProducer:
         self.active: dict[str, OutboundTransfer] = {}
         self.by_request: dict[str, str] = {}
         self.ended: OrderedDict[str, str] = OrderedDict()  # transfer id -> why
+        # released before registered (the puller had every block already)
+        self.early_releases: OrderedDict[str, None] = OrderedDict()
 
     # ------------------------------------------------------------ engine thread
 
@@ -77,6 +79,9 @@ class KVProducer:
             )  # fmt: skip
             self.active[tid] = OutboundTransfer(tid, request, hashes)
             self.by_request[request.request_id] = tid
+            if tid in self.early_releases:
+                del self.early_releases[tid]
+                self.active[tid].released = True
         self.notify_server()
 
     def after_step(self) -> None:
@@ -155,6 +160,10 @@ class KVProducer:
         with self.lock:
             t = self.active.get(tid)
             if t is None:
+                if tid not in self.ended:
+                    self.early_releases[tid] = None
+                    while len(self.early_releases) > _ENDED_KEPT:
+                        self.early_releases.popitem(last=False)
                 return
             t.released = True
         self.wake_engine()
