@@ -174,6 +174,9 @@ def build_router_app(
         request_id = request.headers.get("x-request-id", "")[:200] or uuid.uuid4().hex
         body = await read_body(request, config.max_body_bytes)
         data = parse_json(body)
+        if data is not None and "kv_transfer_params" in data:
+            del data["kv_transfer_params"]  # the router's to set, never a client's
+            body = json.dumps(data).encode()
         stream = bool(data.get("stream")) if data else False
         try:
             ticket = await admission.acquire()  # also bounds the prompts waiting to be hashed
@@ -189,7 +192,7 @@ def build_router_app(
             reply = await unless_client_leaves(
                 request,
                 holder["proxy"].forward(
-                    path, body, dict(request.headers), key, stream, request_id, ticket
+                    path, body, dict(request.headers), key, stream, request_id, ticket, data
                 ),
             )
         finally:

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from tokenmill.router.config import POLICIES, CostWeights, GuardConfig, RouterConfig
+from tokenmill.router.disagg import DISAGG_MODES, DisaggConfig
 from tokenmill.router.replicas import ReplicaSpec
 
 logger = logging.getLogger("tokenmill.router")
@@ -61,6 +62,26 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--log-decisions", action="store_true", help="one JSON line per routing decision"
     )
+    d, pd = DisaggConfig(), p.add_argument_group("prefill/decode disaggregation")
+    pd.add_argument(
+        "--pd-mode", choices=DISAGG_MODES, default=d.mode,
+        help="with prefill workers: conditional (remote prefill when the prompt part the decode "
+        "worker lacks is long and the prefill pool is not saturated), always, or never",
+    )  # fmt: skip
+    pd.add_argument(
+        "--pd-min-uncached-tokens",
+        type=int,
+        default=d.min_uncached_tokens,
+        metavar="N",
+        help="conditional: remote prefill from this many uncached tokens",
+    )
+    pd.add_argument(
+        "--pd-max-prefill-in-flight",
+        type=int,
+        default=d.max_prefill_in_flight,
+        metavar="N",
+        help="a prefill worker with this many requests is saturated",
+    )
 
 
 def router_config(args: argparse.Namespace) -> RouterConfig:
@@ -79,6 +100,9 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         retries=args.retries,
         max_in_flight=args.max_in_flight,
         max_queue=args.max_queue,
+        disagg=DisaggConfig(
+            args.pd_mode, args.pd_min_uncached_tokens, args.pd_max_prefill_in_flight
+        ),
     )
 
 
@@ -94,6 +118,14 @@ def add_router_parsers(sub, add_engine_args) -> None:
 
     c = sub.add_parser("cluster", help="N engine replicas on this machine + the router in front")
     c.add_argument("--replicas", type=int, default=2)
+    c.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        metavar="N",
+        help="prefill workers (with --decode: a disaggregated layout instead of --replicas)",
+    )
+    c.add_argument("--decode", type=int, default=0, metavar="M", help="decode workers")
     c.add_argument("--replica-args", default="", help="extra `serve` flags for every replica")
     c.add_argument("--log-dir", default=None, help="replica logs (default: a temp folder)")
     add_router_args(c)
@@ -160,12 +192,24 @@ def engine_argv(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def cluster_roles(replicas: int, prefill: int, decode: int) -> list[str]:
+    """Each replica's --role: N plain replicas, or prefill + decode workers."""
+    if prefill < 0 or decode < 0:
+        raise ValueError("prefill, decode: must be >= 0")
+    if not prefill and not decode:
+        return ["both"] * replicas
+    if not prefill or not decode:
+        raise ValueError("a disaggregated cluster needs --prefill N and --decode M, both >= 1")
+    return ["prefill"] * prefill + ["decode"] * decode
+
+
 def cmd_cluster(args: argparse.Namespace) -> int:
     from tokenmill.router.auth import resolve_api_key
     from tokenmill.router.cluster import start_cluster, stop_cluster
 
     if args.replicas < 1:
         raise ValueError("replicas: must be >= 1")
+    roles = cluster_roles(args.replicas, args.prefill, args.decode)
     config = router_config(args)  # validate before starting anything
     if args.gateway_config is not None:
         from tokenmill.gateway.config import load_gateway_config
@@ -175,10 +219,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="tokenmill-cluster-"))
     argv = engine_argv(args) + shlex.split(args.replica_args)
     level = logging.getLevelName(logging.getLogger().level)
-    print(f"starting {args.replicas} replicas (logs in {log_dir}) ...", flush=True)
-    replicas = start_cluster(args.replicas, argv, log_dir, args.num_threads, level, api_key)
-    for r in replicas:
-        print(f"  replica {r.spec.url}  events {r.spec.events}  replay {r.spec.replay}")
+    print(f"starting {len(roles)} replicas (logs in {log_dir}) ...", flush=True)
+    replicas = start_cluster(len(roles), argv, log_dir, args.num_threads, level, api_key, roles)
+    for r, role in zip(replicas, roles, strict=True):
+        print(f"  {role:7} {r.spec.url}  events {r.spec.events}  replay {r.spec.replay}")
     try:
         return run_router(
             config, [r.spec for r in replicas], args.model, args.host, args.port,

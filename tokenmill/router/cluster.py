@@ -121,14 +121,19 @@ def start_cluster(
     threads: int | None = None,
     log_level: str = "WARNING",
     api_key: str | None = None,
+    roles: list[str] | None = None,
 ) -> list[ReplicaProcess]:
-    """Starts n replicas and waits until all are healthy (stops them all on failure)."""
+    """Starts n replicas (each with its --role, if given) and waits until all are healthy
+    (stops them all on failure)."""
     threads = threads or threads_per_replica(n)
     replicas: list[ReplicaProcess] = []
     try:
-        for _ in range(n):
+        for i in range(n):
+            argv = engine_argv
+            if roles is not None and roles[i] != "both":
+                argv = [*engine_argv, "--role", roles[i]]
             replicas.append(
-                start_replica(engine_argv, log_dir, threads, log_level=log_level, api_key=api_key)
+                start_replica(argv, log_dir, threads, log_level=log_level, api_key=api_key)
             )
         wait_ready(replicas)
     except BaseException:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenmill.router.disagg import DisaggConfig
+
 POLICIES = ("cache_aware", "least_load", "round_robin", "session")
 
 
@@ -58,6 +60,7 @@ class RouterConfig:
     replay_timeout_s: float = 2.0
     max_body_bytes: int = 4 * 1024 * 1024
     prompt_threads: int = 2  # render, tokenize and hash prompts off the event loop
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

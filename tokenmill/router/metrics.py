@@ -97,6 +97,30 @@ class RouterMetrics:
             p + "kv_events_synced", "1 when the event index is complete, 0 when partial/none",
             ["replica"], registry=r,
         )  # fmt: skip
+        self.kv_transfer_decisions = Counter(
+            p + "kv_transfer_decisions_total",
+            "prefill/decode disaggregation decisions: remote prefill or local, by reason",
+            ["decision", "reason"], registry=r,
+        )  # fmt: skip
+        self.kv_transfer_prefill_errors = Counter(
+            p + "kv_transfer_prefill_errors_total",
+            "remote prefill requests that failed at the prefill worker (the decode worker "
+            "recomputes)", ["replica"], registry=r,
+        )  # fmt: skip
+        # each worker's own KV transfer counters (from its /server_info), summed by replica
+        worker = {
+            "transfers_served": "transfers confirmed by the decode worker (prefill side)",
+            "transfers_received": "transfers loaded (decode side)",
+            "bytes_sent": "KV bytes sent (prefill side)",
+            "bytes_received": "KV bytes received (decode side)",
+            "fallbacks": "failed KV loads recomputed by the decode worker",
+            "failures": "failed KV loads, any reason (decode side)",
+            "leases_expired": "leases ended by their timeout (prefill side)",
+        }
+        self.kv_transfer_worker = {
+            key: Counter(p + f"kv_transfer_{key}_total", text, ["replica"], registry=r)
+            for key, text in worker.items()
+        }
         self._collect: Callable[[RouterMetrics], None] | None = None
         # the stream-side counters the subscribers keep, last seen
         self._seen: dict[tuple[str, str], int] = {}
@@ -110,6 +134,14 @@ class RouterMetrics:
         if total > prev:
             counter.labels(replica).inc(total - prev)
         self._seen[(replica, key)] = total
+
+    def kv_transfer_from(self, replica: str, stats: dict) -> None:
+        for key, counter in self.kv_transfer_worker.items():
+            value = stats.get(key, 0)
+            if isinstance(value, dict):
+                value = sum(v for v in value.values() if isinstance(v, int | float))
+            if isinstance(value, int | float):
+                self.add_delta(counter, replica, "kv_" + key, int(value))
 
     def render(self) -> bytes:
         if self._collect is not None:

@@ -10,17 +10,21 @@ same way. A stream that breaks after its first bytes ends with an OpenAI error e
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 from fastapi.responses import Response, StreamingResponse
 
 from tokenmill.router.admission import Ticket
+from tokenmill.router.disagg import DisaggDecision
 from tokenmill.router.prompts import RequestKey
+from tokenmill.router.remote_prefill import decode_body, disaggregable, run_prefill
 from tokenmill.router.router import Decision, Router
 from tokenmill.server.errors import APIError, error_body
 
@@ -99,6 +103,7 @@ class Proxy:
         self.metrics = router.metrics
         self.suspect = suspect  # asks for a health check of a replica now
         self.api_key = api_key  # the replicas'
+        self.background: set[asyncio.Task] = set()  # remote prefills in flight
 
     def _failed(self, name: str, e: Exception) -> None:
         """A refused connection means the replica is gone; a reset may also be a stale
@@ -127,9 +132,11 @@ class Proxy:
         stream: bool,
         request_id: str,
         ticket: Ticket,
+        data: dict[str, Any] | None = None,
     ) -> Response:
         """Sends the request (retrying once before its first token) and returns the reply.
-        A stream that starts takes the admission `ticket` over; else the caller releases it."""
+        A stream that starts takes the admission `ticket` over; else the caller releases it.
+        With prefill workers, the first attempt may be disaggregated (`data`: the body)."""
         fwd = upstream_headers(headers, FORWARD_HEADERS, request_id, self.api_key)
         tried: list[str] = []
         last: Response | None = None
@@ -142,11 +149,18 @@ class Proxy:
             if decision is None:
                 break
             tried.append(decision.replica.name)
+            sent = body
+            if attempt == 0 and disaggregable(data):
+                assert data is not None
+                dd = self.router.decide_disagg(key, decision, request_id)
+                if dd.remote:
+                    sent = decode_body(data, dd)
+                    self._start_prefill(dd, path, data, fwd)
             if retry is not None:
                 self.metrics.retries.labels(retry).inc()
                 logger.info("request %s: retry %d on %s", request_id, attempt, tried[-1])
             last, retry = await self._attempt(
-                decision, path, body, fwd, stream, request_id, ticket, t0
+                decision, path, sent, fwd, stream, request_id, ticket, t0
             )
             if retry is None:
                 return last
@@ -157,6 +171,12 @@ class Proxy:
             503, "no healthy replica", "server_error", None, "no_healthy_replica",
             headers={"Retry-After": "1"},
         ).response()  # fmt: skip
+
+    def _start_prefill(self, dd: DisaggDecision, path: str, data: dict[str, Any],
+                       headers: dict[str, bytes]) -> None:  # fmt: skip
+        task = asyncio.ensure_future(run_prefill(self.router, self.client, dd, path, data, headers))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     async def _attempt(
         self,

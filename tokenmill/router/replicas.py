@@ -50,6 +50,9 @@ class Replica:
     info: dict = field(default_factory=dict)
     last_error: str | None = None
     ever_healthy: bool = False
+    role: str = "both"  # prefill / decode / both (its /server_info says)
+    kv_endpoint: str | None = None  # a prefill worker's KV block server
+    kv_transfer_stats: dict = field(default_factory=dict)  # its counters, last seen
 
     @property
     def name(self) -> str:
@@ -58,3 +61,20 @@ class Replica:
     @property
     def url(self) -> str:
         return self.spec.url
+
+    def learn_kv_transfer(self, info: dict) -> None:
+        """Role and KV endpoint from /server_info; a wildcard bind address means its host."""
+        engine = info.get("engine") if isinstance(info.get("engine"), dict) else {}
+        kv = engine.get("kv_transfer") if isinstance(engine.get("kv_transfer"), dict) else {}
+        role = kv.get("role")
+        self.role = role if role in ("prefill", "decode") else "both"
+        endpoint = kv.get("endpoint")
+        if isinstance(endpoint, str) and endpoint.startswith("tcp://") and len(endpoint) < 300:
+            host = urlsplit(self.url).hostname or "127.0.0.1"
+            for wildcard in ("://*:", "://0.0.0.0:", "://[::]:"):
+                endpoint = endpoint.replace(wildcard, f"://{host}:")
+            self.kv_endpoint = endpoint
+        else:
+            self.kv_endpoint = None
+        stats = info.get("kv_transfer_stats")
+        self.kv_transfer_stats = stats if isinstance(stats, dict) else {}

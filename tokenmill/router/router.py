@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from tokenmill.router.approx import ApproxIndex
 from tokenmill.router.config import RouterConfig
 from tokenmill.router.cost import Candidate, candidate
+from tokenmill.router.disagg import DisaggDecision, eligible_prefill, new_transfer_id
 from tokenmill.router.index import KVIndex
 from tokenmill.router.load import Booking, LoadTracker
 from tokenmill.router.metrics import RouterMetrics
@@ -102,6 +103,7 @@ class Router:
         pid = engine.get("pid")
         restarted = r.pid is not None and pid is not None and pid != r.pid
         r.info = info
+        r.learn_kv_transfer(info)
         block_size = engine.get("block_size")
         if type(block_size) is int and block_size > 0:
             r.block_size = block_size
@@ -173,7 +175,7 @@ class Router:
     ) -> Decision | None:
         """Chooses a healthy replica and books the request there at once; None if none."""
         skip = set(exclude)
-        pool = [r for r in self.healthy() if r.name not in skip]
+        pool = [r for r in self.healthy() if r.name not in skip and r.role != "prefill"]
         if not pool:
             return None
         cands = self.candidates(key, pool)
@@ -200,6 +202,48 @@ class Router:
         if decision_log.isEnabledFor(logging.DEBUG):
             decision_log.debug(decision.log_line(request_id, self.config.policy))
         return decision
+
+    def decide_disagg(
+        self, key: RequestKey | None, decision: Decision, request_id: str
+    ) -> DisaggDecision:
+        """Whether a prefill worker computes this prompt for the decided (decode) replica;
+        if so, which one (cache-aware among the unsaturated ones), booked at once."""
+        config = self.config.disagg
+        uncached = 0
+        if key is not None:
+            uncached = max(
+                0, key.num_tokens - decision.chosen.hit_blocks * decision.replica.block_size
+            )
+        pool = [r for r in self.healthy() if r.role == "prefill" and r.kv_endpoint]
+        in_flight = {r.name: self.loads.in_flight(r.name) for r in pool}
+        num_seqs = key.num_seqs if key is not None else 0
+        if decision.replica.role != "decode":
+            free, code, why = (
+                [],
+                "not_decode_worker",
+                f"{decision.replica.name} is not a decode worker",
+            )
+        else:
+            free, code, why = eligible_prefill(config, uncached, num_seqs, pool, in_flight)
+        if not free or key is None:
+            self.metrics.kv_transfer_decisions.labels("local", code).inc()
+            out = DisaggDecision(False, why, uncached)
+            self._log_disagg(request_id, decision, out)
+            return out
+        cands = self.candidates(key, free)
+        best = min(cands, key=lambda c: c.cost)
+        prefill = self.replicas[best.replica]
+        hashes = key.hashes(prefill.block_size)
+        booking = self.loads.book(request_id + "/prefill", prefill.name, hashes, best.new_prefill)
+        self.metrics.kv_transfer_decisions.labels("remote", code).inc()
+        out = DisaggDecision(True, why, uncached, prefill, booking, new_transfer_id())
+        self._log_disagg(request_id, decision, out)
+        return out
+
+    def _log_disagg(self, request_id: str, decision: Decision, dd: DisaggDecision) -> None:
+        if decision_log.isEnabledFor(logging.DEBUG):
+            line = {"request_id": request_id, "decode": decision.replica.name, **dd.brief()}
+            decision_log.debug(json.dumps({"disaggregation": line}))
 
     def first_token(self, decision: Decision) -> None:
         self.loads.first_token(decision.booking)
@@ -230,6 +274,9 @@ class Router:
                     "in_flight": self.loads.in_flight(r.name),
                     "pending_prefill_blocks": round(self.loads.pending_prefill(r.name, now), 2),
                     "active_blocks": self.loads.active_blocks(r.name),
+                    "role": r.role,
+                    "kv_endpoint": r.kv_endpoint,
+                    "kv_transfer": r.kv_transfer_stats or None,
                 }
                 for r in self.replicas.values()
             ],
@@ -244,6 +291,7 @@ class Router:
             for medium, n in self.index.sizes_by_medium(r.name).items():
                 m.index_blocks.labels(r.name, medium).set(n)
             m.events_synced.labels(r.name).set(1 if self.event_state(r.name) == "synced" else 0)
+            m.kv_transfer_from(r.name, r.kv_transfer_stats)
             sub = self.subscribers.get(r.name)
             if sub is not None:
                 m.add_delta(m.event_batches, r.name, "batches", sub.stats.batches)

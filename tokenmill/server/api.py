@@ -285,6 +285,7 @@ def build_app(
             "engine": engine.engine_info,
             "speculative": engine.engine_info.get("speculative"),
             "in_flight": engine.num_in_flight,
+            "kv_transfer_stats": engine.stats.kv_transfer,
             "uptime_s": round(time.time() - state.started, 1),
             "startup": {
                 "api": engine.profile.to_dict() if engine.profile is not None else None,
