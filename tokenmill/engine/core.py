@@ -24,6 +24,7 @@ from tokenmill.kernels import ops
 from tokenmill.kv.connector.connector import KVConnector
 from tokenmill.kv.connector.params import KVTransferParams
 from tokenmill.kv.events import KVEventCollector, KVEventPublisher
+from tokenmill.kv.hashing import block_hashes
 from tokenmill.kv.manager import KVCacheManager, cdiv
 from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
 from tokenmill.model.linear import get_linear_method
@@ -441,6 +442,37 @@ class EngineCore:
             merged.prompt_logprobs.update(result.prompt_logprobs)
             failures += failed
         return merged, failures
+
+    def block_accounting(self) -> dict:
+        """Blocks by state, and whether the invariants hold (tests read it over HTTP)."""
+        pool = self.kv_manager.pool
+        try:
+            self.check_invariants()
+            problem = None
+        except AssertionError as e:
+            problem = str(e) or "invariant violated"
+        producer = self.kv_connector.producer if self.kv_connector else None
+        return {
+            "num_blocks": pool.num_blocks,
+            "used_blocks": pool.num_used_blocks,
+            "leased_blocks": producer.leased_blocks() if producer else 0,
+            "parked_requests": self.kv_connector.num_parked if self.kv_connector else 0,
+            "invariant_violation": problem,
+        }
+
+    def kv_digests(self, token_ids: list[int], cache_salt: str | None = None) -> list[str | None]:
+        """SHA-256 of each full block of a prompt as this engine's device pool holds it (None
+        where it holds none): two engines' KV compared without moving it."""
+        bs = self.kv_manager.block_size
+        ids = [int(t) for t in token_ids[: self.max_model_len]]
+        out: list[str | None] = []
+        for h in block_hashes(ids, bs, cache_salt):
+            block = self.kv_manager.pool.lookup(h)
+            data = self.runner.read_block(block.block_id) if block is not None else None
+            out.append(
+                hashlib.sha256(data.numpy().tobytes()).hexdigest() if data is not None else None
+            )
+        return out
 
     def check_invariants(self) -> None:
         """Block accounting: free + used = total, and requests hold exactly the used refs."""

@@ -158,7 +158,10 @@ class EngineCoreProc:
                 "hits_by_medium": s.prefix_cache_hits_by_medium,
                 "tiers": s.kv_tiers,
                 "kv_cache_usage": s.kv_cache_usage,
+                **self.core.block_accounting(),
             }
+        if method == "kv_digests":
+            return self.core.kv_digests(args[0], args[1] if len(args) > 1 else None)
         raise ValueError(f"unknown utility method {method!r}")
 
 

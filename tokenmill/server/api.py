@@ -27,6 +27,7 @@ from tokenmill.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    KVDigestsRequest,
     TokenizeRequest,
 )
 from tokenmill.server.responses.routes import REQUEST_BODIES as RESPONSES_BODIES
@@ -271,9 +272,17 @@ def build_app(
     async def kv_cache():
         return await _utility("kv_stats")
 
-    async def _utility(method: str) -> Any:
+    @app.post("/kv_cache/digests")
+    async def kv_cache_digests(request: Request):
+        """SHA-256 of each full block of a prompt's KV as held here (null: not held)."""
+        req = await parse_body(request, KVDigestsRequest, max_body_bytes)
+        if len(req.token_ids) > engine.max_model_len:
+            raise bad_request("token_ids: longer than max_model_len", param="token_ids")
+        return {"digests": await _utility("kv_digests", [req.token_ids, req.cache_salt])}
+
+    async def _utility(method: str, args: list | None = None) -> Any:
         try:
-            return await engine.call_utility(method)
+            return await engine.call_utility(method, *(args or []))
         except RuntimeError as e:  # EngineDeadError: 503, not a hang or a 500
             raise engine_error(e, "-") from e
 

@@ -214,6 +214,11 @@ class TokenizeRequest(APIModel):
     add_generation_prompt: bool = True
 
 
+class KVDigestsRequest(APIModel):
+    token_ids: Annotated[list[TokenId], Field(max_length=1 << 20)]
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+
+
 class DetokenizeRequest(APIModel):
     model: str | None = None
     tokens: list[TokenId]

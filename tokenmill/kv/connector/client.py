@@ -7,6 +7,7 @@ computed from its own prompt) must match; anything else is a TransferError.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from threading import Event
@@ -20,6 +21,7 @@ from tokenmill.kv.hashing import BlockHash
 
 _POLL_MS = 100  # how often a waiting pull checks for cancellation
 _IN_FLIGHT = 2
+SILENCE_S = 5.0  # no reply for this long: the prefill worker is gone
 
 
 @dataclass
@@ -95,20 +97,28 @@ def pull_blocks(
             hashes, chunk = chunks.pop(pos)
             out.extend(zip(hashes, chunk, strict=True))
             pos += len(hashes)
-        sock.send_multipart(release_message(transfer_id))
         return PulledBlocks(out[: end - start], num_bytes, time.monotonic() - t0)
     except (zmq.ZMQError, ValueError, KeyError, TypeError) as e:
         raise TransferError("protocol", f"{type(e).__name__}: {e}") from None
     finally:
+        # done or not, the prefill worker may let the blocks go (a failed load recomputes)
+        with contextlib.suppress(zmq.ZMQError):
+            sock.send_multipart(release_message(transfer_id), zmq.NOBLOCK)
         sock.close()
 
 
 def _receive(sock: zmq.Socket, deadline: float, cancel: Event) -> list:
+    """The next reply. The server answers every pull within about a second (a "pending"
+    at least), so a longer silence means it is gone: the load fails at once, not at the
+    deadline."""
+    silent_until = time.monotonic() + SILENCE_S
     while True:
         if cancel.is_set():
             raise TransferError("cancelled")
-        left = deadline - time.monotonic()
-        if left <= 0:
+        now = time.monotonic()
+        if now >= deadline:
             raise TransferError("timeout")
-        if sock.poll(min(_POLL_MS, int(left * 1000) + 1)):
+        if now >= silent_until:
+            raise TransferError("unreachable", f"no reply for {SILENCE_S:g}s")
+        if sock.poll(min(_POLL_MS, int((deadline - now) * 1000) + 1)):
             return sock.recv_multipart(copy=False)
