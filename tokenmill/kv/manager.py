@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -84,7 +84,7 @@ class KVCacheManager:
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
         # blocks a prefill worker computed for a request (by request id), used at admission
-        self.received: dict[str, dict[BlockHash, torch.Tensor]] = {}
+        self.received: dict[str, dict[BlockHash, Any]] = {}  # BlockView each
 
     @property
     def num_free_blocks(self) -> int:

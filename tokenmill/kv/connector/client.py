@@ -1,7 +1,7 @@
 """Decode side, worker half: pulls a transfer's blocks, checks them, confirms.
 
 Two pulls are kept in flight, so the next chunk travels while the last one is checked and
-laid out. Every frame's CRC and every block's hash (against the hashes the decode worker
+laid out. Every frame's checksum and every block's hash (against the hashes the decode worker
 computed from its own prompt) must match; anything else is a TransferError.
 """
 
@@ -12,10 +12,9 @@ import time
 from dataclasses import dataclass
 from threading import Event
 
-import torch
 import zmq
 
-from tokenmill.kv.connector.carriers import TransferError, assemble
+from tokenmill.kv.connector.carriers import BlockView, TransferError, assemble
 from tokenmill.kv.connector.wire import PullRequest, release_message, unpack_header
 from tokenmill.kv.hashing import BlockHash
 
@@ -26,7 +25,7 @@ SILENCE_S = 5.0  # no reply for this long: the prefill worker is gone
 
 @dataclass
 class PulledBlocks:
-    blocks: list[tuple[BlockHash, torch.Tensor]]  # [layers, 2, block_numel] each
+    blocks: list[tuple[BlockHash, BlockView]]
     num_bytes: int
     seconds: float
 
@@ -50,7 +49,7 @@ def pull_blocks(
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 500)  # the release goes out even as the socket closes
     sock.connect(endpoint)
-    chunks: dict[int, tuple[list[BlockHash], torch.Tensor]] = {}
+    chunks: dict[int, tuple[list[BlockHash], list[BlockView]]] = {}
     in_flight: set[int] = set()
     next_start = start
     num_bytes = 0
@@ -87,11 +86,11 @@ def pull_blocks(
                 if not hashes or list(hashes) != expected[at - start : at - start + len(hashes)]:
                     raise TransferError("hash_mismatch", f"blocks from {at}")
                 chunk = assemble(header, frames[1:])
-                num_bytes += chunk.numel() * chunk.element_size()
+                num_bytes += sum(v.nbytes for v in chunk[0].layers)
                 chunks[at] = (hashes, chunk)
             else:
                 raise TransferError(status, str(header.get("reason", ""))[:200])
-        out: list[tuple[BlockHash, torch.Tensor]] = []
+        out: list[tuple[BlockHash, BlockView]] = []
         pos = start
         while pos in chunks and pos < end:
             hashes, chunk = chunks.pop(pos)

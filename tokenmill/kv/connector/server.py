@@ -176,12 +176,12 @@ class KVBlockServer:
         stats = self.producer.stats
         stats.blocks_sent += len(ids)
         if pull.carrier == "shm":
-            name, header["crc"] = read_chunk_shm(self.kv_caches, ids)
+            name, header["checksums"] = read_chunk_shm(self.kv_caches, ids)
             t.segments.add(name)
             header["shm"] = name
             stats.bytes_sent += len(ids) * self.block_bytes
             return [pack_header(header)]
-        slices, header["crc"] = read_chunk_tcp(self.kv_caches, ids)
+        slices, header["checksums"] = read_chunk_tcp(self.kv_caches, ids)
         stats.bytes_sent += len(ids) * self.block_bytes
         return [pack_header(header), *(s.numpy() for s in slices)]
 
