@@ -214,7 +214,11 @@ class Router:
             uncached = max(
                 0, key.num_tokens - decision.chosen.hit_blocks * decision.replica.block_size
             )
-        pool = [r for r in self.healthy() if r.role == "prefill" and r.kv_endpoint]
+        fits = key.num_tokens if key is not None else 0  # the prompt must fit its KV pool
+        pool = [
+            r for r in self.healthy()
+            if r.role == "prefill" and r.kv_endpoint and r.info.get("max_model_len", fits + 1) > fits
+        ]  # fmt: skip
         in_flight = {r.name: self.loads.in_flight(r.name) for r in pool}
         num_seqs = key.num_seqs if key is not None else 0
         if decision.replica.role != "decode":
