@@ -1,0 +1,65 @@
+"""The dashboard in Chromium: its charts follow a real `tokenmill bench` run against the
+server (the server's own sampled metrics, polled every second)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+from playwright.sync_api import expect
+
+from tests.ui.browser import screenshot
+from tests.ui.conftest import KEY, open_ui
+
+NUM_REQUESTS = 8
+
+
+def _card(page, label: str) -> str:
+    return (
+        page.locator(".card", has=page.locator(".label", has_text=label))
+        .locator(".value")
+        .inner_text()
+    )
+
+
+def test_the_charts_follow_a_bench_run(page, ui_server, tmp_path):
+    open_ui(page, ui_server.base_url + "/ui/dashboard")
+    for chart in ("requests", "kv", "prefix", "throughput", "ttft", "itl", "events"):
+        expect(page.locator(f"#chart-{chart}")).to_have_attribute(
+            "data-points", re.compile(r"[1-9]")
+        )
+    done_before = int(_card(page, "requests done").replace(",", ""))
+    points_before = int(page.locator("#chart-throughput").get_attribute("data-points"))
+
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "tokenmill.cli", "bench", "--base-url", ui_server.base_url,
+         "--api-key", KEY, "--endpoint", "chat", "--concurrency", "4",
+         "--num-requests", str(NUM_REQUESTS), "--input-len", "32", "--output-len", "16",
+         "--warmup", "0", "--no-plots", "--no-progress", "--output-dir", str(tmp_path / "bench")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    seen_running, seen_output, points = 0.0, 0.0, []
+    while bench.poll() is None:
+        seen_running = max(seen_running, float(_card(page, "running")))
+        seen_output = max(
+            seen_output, float(page.locator("#chart-throughput").get_attribute("data-max"))
+        )
+        points.append(int(page.locator("#chart-throughput").get_attribute("data-points")))
+        time.sleep(0.3)
+    out = bench.communicate()[0]
+    assert bench.returncode == 0, out
+    assert seen_running >= 1, "the running-requests card moved while the bench ran"
+    assert seen_output > 0, "the output tok/s chart rose while the bench ran"
+    assert len(set(points)) >= 2 and points[-1] >= points_before, f"charts updated live: {points}"
+    # every bench request shows up in the server's counts within a couple of samples
+    expect(
+        page.locator(".card", has=page.locator(".label", has_text="requests done"))
+    ).to_contain_text(str(done_before + NUM_REQUESTS), timeout=10_000)
+    expect(page.locator("#chart-ttft .legend")).to_contain_text("p99")
+    assert float(page.locator("#chart-ttft").get_attribute("data-max")) > 0
+    screenshot(page, "ui-dashboard")
+
+    report = (tmp_path / "bench" / "report.html").read_text()
+    assert "--series-1" in report, "the bench report carries the UI's theme"
