@@ -22,7 +22,9 @@ def browser():
         if os.environ.get("CI"):
             pytest.fail("no chromium on PATH in CI (scripts/test.sh installs it with apt-get)")
         pytest.skip("no chromium on PATH: `apt-get install chromium` (scripts/test.sh does)")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=15_000)  # a loaded 2-core machine: seconds between polls
 
     with sync_playwright() as p:
         # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start

@@ -23,7 +23,9 @@ class PrefixProxy:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}{prefix}"
         self.seen: list[str] = []  # every path asked of the proxy
-        config = uvicorn.Config(self.app, port=self.port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            self.app, port=self.port, log_level="warning", lifespan="off", interface="asgi3"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -92,6 +92,7 @@ def test_the_router_dashboard_shows_replicas_decisions_and_the_gateway(page, rou
     expect(page.locator("#gateway-guardrails")).to_contain_text("competitor")
     expect(page.locator("#gateway-guardrails")).to_contain_text("block")
     expect(page.locator("#gateway-tool-calls")).to_be_attached()
+    page.select_option("#span", "60")  # the last minute: the run fills the picture
     screenshot(page, "ui-router-dashboard")
 
     # a plain gateway key sees the charts, not the keys or the audit logs

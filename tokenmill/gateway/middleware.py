@@ -1,6 +1,7 @@
 """The gateway as pure ASGI middleware, the same in front of the server and the router:
 open paths pass; /admin and /v1/usage are answered here; every other path needs a live key
-(401 otherwise, in the OpenAI envelope); generation requests go through an Exchange."""
+(401 otherwise, in the OpenAI envelope); generation requests go through an Exchange. The web
+UI's data (/ui/api/...) also takes the admin key, so its dashboard can show the admin API."""
 
 from __future__ import annotations
 
