@@ -189,3 +189,17 @@ def test_the_static_files_and_licences_ship_in_the_package():
             assert path in shipped, f"{path.relative_to(package)} is not package data"
     for library in ("marked", "dompurify"):
         assert (STATIC_DIR / "vendor" / library / "LICENSE").is_file()
+
+
+def test_kv_usage_is_charted_per_tier():
+    from tokenmill.engine.core_types import SchedulerStats
+    from tokenmill.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics("m")
+    tiers = {
+        "host": {"used_bytes": 50, "capacity_bytes": 200},
+        "disk": {"used_bytes": 0, "capacity_bytes": 10},
+    }
+    metrics.on_scheduler_stats(SchedulerStats(kv_cache_usage=0.5, kv_tiers=tiers))
+    sampler = Sampler(ServerSource(metrics.registry))
+    assert sampler.tick()["kv_usage"] == {"device": 0.5, "host": 0.25, "disk": 0.0}
