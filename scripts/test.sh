@@ -11,5 +11,9 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
     apt-get update -qq >/dev/null
     apt-get install -y -qq chromium >/dev/null
 fi
+# where this script could install it, a missing browser fails tests/ui instead of skipping it
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    export TOKENMILL_UI_BROWSER=required
+fi
 .venv/bin/ruff check tokenmill tests benchmarks
 exec .venv/bin/python -m pytest -m "not slow" -q "$@"
