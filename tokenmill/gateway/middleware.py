@@ -1,6 +1,7 @@
 """The gateway as pure ASGI middleware, the same in front of the server and the router:
 open paths pass; /admin and /v1/usage are answered here; every other path needs a live key
-(401 otherwise, in the OpenAI envelope); generation requests go through an Exchange."""
+(401 otherwise, in the OpenAI envelope); generation requests go through an Exchange. The web
+UI's data (/ui/api/...) also takes the admin key, so its dashboard can show the admin API."""
 
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ class GatewayMiddleware:
         if state.problem is not None:
             if path == "/v1/usage" and is_admin(gw, header):
                 return await self.admin(scope, receive, send)
+            if path.startswith("/ui/api/") and is_admin(gw, header):  # the dashboard's data
+                return await self.app(scope, receive, send)
             gw.metrics.unauthorized.labels(state.problem).inc()
             return await _unauthorized(send, _MESSAGES[state.problem])
         # the app's owner of stored objects (responses, files, batches): this key, by id, so

@@ -383,4 +383,11 @@ class TieredStore:
             self._emit(tier.medium, [], tier.clear())
 
     def stats(self) -> dict[str, dict]:
-        return {tier.medium: tier.stats.snapshot() for tier in self.tiers}
+        return {
+            tier.medium: {
+                **tier.stats.snapshot(),
+                "used_bytes": tier.used,
+                "capacity_bytes": tier.capacity,
+            }
+            for tier in self.tiers
+        }

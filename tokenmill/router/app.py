@@ -23,6 +23,10 @@ from tokenmill.router.proxy import Proxy, UpstreamStream, return_headers, upstre
 from tokenmill.router.router import Router
 from tokenmill.router.workers import CPUWorkers
 from tokenmill.server.errors import APIError, error_body
+from tokenmill.ui.router_source import RouterSource
+from tokenmill.ui.routes import add_ui_routes
+from tokenmill.ui.sampler import Sampler
+from tokenmill.ui.static_files import StaticUI
 
 logger = logging.getLogger("tokenmill.router")
 
@@ -93,6 +97,7 @@ def build_router_app(
     admission = Admission(config.max_in_flight, config.max_queue, config.queue_timeout_s)
     holder: dict[str, Any] = {}
     turn = [0]  # passthrough rotation
+    sampler = Sampler(RouterSource(router, lambda: admission.waiting))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -125,9 +130,11 @@ def build_router_app(
         holder["proxy"] = Proxy(router, client, suspect, api_key)
         router.start_events()
         task = asyncio.create_task(health_loop(router, client))
+        sampler.start()
         try:
             yield
         finally:
+            await sampler.stop()
             pending = [task, *checks.values()]
             for t in pending:
                 t.cancel()
@@ -151,6 +158,8 @@ def build_router_app(
         app.add_middleware(
             APIKeyMiddleware, api_key=api_key, open_paths=open_paths(protect_metrics)
         )
+    # the pages load without a key, their data needs one
+    app.add_middleware(StaticUI, key_required=gateway_config is not None or api_key is not None)
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError):
@@ -281,6 +290,13 @@ def build_router_app(
             "in_flight": admission.in_flight,
             "queued": admission.waiting,
         }
+
+    add_ui_routes(
+        app,
+        sampler,
+        lambda: {"kind": "router", "policy": config.policy, "version": tokenmill.__version__},
+        lambda: {**router.snapshot(), "decisions": list(router.recent)},
+    )
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(request: Request):

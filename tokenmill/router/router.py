@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from tokenmill.router.subscriber import EventSubscriber
 
 logger = logging.getLogger("tokenmill.router")
 decision_log = logging.getLogger("tokenmill.router.decision")
+RECENT_DECISIONS = 100  # kept for the dashboard (/ui/api/router)
 
 
 @dataclass
@@ -33,19 +35,20 @@ class Decision:
     candidates: tuple[Candidate, ...]
     attempt: int = 0
 
+    def summary(self, request_id: str, policy: str) -> dict:
+        return {
+            "request_id": request_id,
+            "policy": policy,
+            "replica": self.replica.name,
+            "reason": self.reason,
+            "attempt": self.attempt,
+            "hit_blocks": self.chosen.hit_blocks,
+            "prompt_blocks": round(self.chosen.prompt_blocks, 2),
+            "candidates": [c.brief() for c in self.candidates],
+        }
+
     def log_line(self, request_id: str, policy: str) -> str:
-        return json.dumps(
-            {
-                "request_id": request_id,
-                "policy": policy,
-                "replica": self.replica.name,
-                "reason": self.reason,
-                "attempt": self.attempt,
-                "hit_blocks": self.chosen.hit_blocks,
-                "prompt_blocks": round(self.chosen.prompt_blocks, 2),
-                "candidates": [c.brief() for c in self.candidates],
-            }
-        )
+        return json.dumps(self.summary(request_id, policy))
 
 
 class Router:
@@ -69,6 +72,8 @@ class Router:
         self.loads = LoadTracker(config.booking_ttl_s)
         self.subscribers: dict[str, EventSubscriber] = {}
         self._turn = 0
+        # the latest decisions, newest last (what the debug decision log would print)
+        self.recent: deque[dict] = deque(maxlen=RECENT_DECISIONS)
         self.metrics.on_collect(self._collect)
 
     # ------------------------------------------------------------ events
@@ -199,6 +204,9 @@ class Router:
         m.prompt_blocks.inc(len(hashes))
         if reason == "imbalance_guard":
             m.guard_triggers.inc()
+        self.recent.append(
+            {"t": round(time.time(), 3), **decision.summary(request_id, self.config.policy)}
+        )
         if decision_log.isEnabledFor(logging.DEBUG):
             decision_log.debug(decision.log_line(request_id, self.config.policy))
         return decision

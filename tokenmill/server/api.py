@@ -42,6 +42,10 @@ from tokenmill.server.state import (
     off_loop,
 )
 from tokenmill.server.tokenizer_info import tokenizer_info
+from tokenmill.ui.routes import add_ui_routes
+from tokenmill.ui.sampler import Sampler
+from tokenmill.ui.server_source import ServerSource
+from tokenmill.ui.static_files import StaticUI
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +94,13 @@ def build_app(
     settings = settings or ServerSettings()
     state = ServerState(engine, served_model_names, metrics, settings)
     max_body_bytes = settings.max_body_bytes
+    sampler = Sampler(ServerSource(metrics.registry))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        sampler.start()
         yield
+        await sampler.stop()
         state.draining = True
         await engine.shutdown()
         if state._compiler is not None:
@@ -115,6 +122,8 @@ def build_app(
         )
         app.state.gateway = gateway
         app.add_middleware(GatewayMiddleware, gateway=gateway)
+    # the pages load without a key, their data needs one
+    app.add_middleware(StaticUI, key_required=bool(settings.api_key or settings.gateway_config))
     app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(APIError)
@@ -304,6 +313,11 @@ def build_app(
 
     add_response_routes(app, state)
     add_batch_routes(app, state)
+    add_ui_routes(
+        app,
+        sampler,
+        lambda: {"kind": "server", "models": served_model_names, "version": tokenmill.__version__},
+    )
     add_request_bodies(app, REQUEST_BODIES)
     return app
 

@@ -186,6 +186,12 @@ class ServerMetrics:
         self.tier_bytes_loaded = Counter(
             "tokenmill:kv_tier_loaded_bytes", "Bytes loaded from a KV tier", tier, registry=r
         )
+        self.tier_usage = Gauge(
+            "tokenmill:kv_tier_usage_perc",
+            "Fraction of a lower KV tier's capacity in use (0-1)",
+            tier,
+            registry=r,
+        )
         self.tier_load_p50 = Gauge(
             "tokenmill:kv_tier_load_seconds_p50", "Median block load latency", tier, registry=r
         )
@@ -253,6 +259,8 @@ class ServerMetrics:
                 delta = tier.get(key, 0) - before.get(key, 0)
                 if delta > 0:
                     counter.labels(m, medium).inc(delta)
+            if tier.get("capacity_bytes"):
+                self.tier_usage.labels(m, medium).set(tier["used_bytes"] / tier["capacity_bytes"])
             self.tier_load_p50.labels(m, medium).set(tier.get("load_p50_s", 0.0))
             self.tier_store_p50.labels(m, medium).set(tier.get("store_p50_s", 0.0))
         if stats.spec_decode is not None:

@@ -12,18 +12,17 @@ from typing import Any
 from tokenmill.bench.report.rows import COLUMNS, flat_summary, fmt, ratio_rows, scenario
 from tokenmill.bench.report.tables import busy_runs, table_rows
 from tokenmill.bench.results import RunResult
+from tokenmill.ui.theme import theme_css
 
+# the page's own layout; colours and fonts come from the web UI's theme.css, embedded
 _CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;color:#222}
-table{border-collapse:collapse;font-size:13px}
-td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}
+body{margin:2em}
 td:nth-child(-n+2),th:nth-child(-n+2){text-align:left}
 tr.ratio{background:#eef6ff;font-style:italic}
-img{max-width:48%;margin:6px;border:1px solid #eee}
-pre{background:#f6f6f6;padding:8px;font-size:12px;white-space:pre-wrap}
+img{max-width:48%;margin:6px;border:1px solid var(--border)}
+pre{background:var(--panel);padding:8px;font-size:12px;white-space:pre-wrap}
 ul.headline{font-size:15px;line-height:1.6}
-.better{color:#1a7f37;font-weight:600}.worse{color:#b42318;font-weight:600}
-p.sub{color:#666;margin-top:-0.6em}
+p.sub{color:var(--muted);margin-top:-0.6em}
 details{margin-top:2em}summary{cursor:pointer;font-weight:600}
 """
 # (summary key, label, format, higher is better)
@@ -99,7 +98,8 @@ def render_html(
         f'<img src="{html.escape(p.name)}" alt="{html.escape(k)}">' for k, p in plots.items()
     )
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>tokenmill bench</title><style>{_CSS}</style></head>
+<html><head><meta charset="utf-8"><title>tokenmill bench</title>
+<style>{theme_css()}{_CSS}</style></head>
 <body>
 <h1>tokenmill bench</h1>
 <p class="sub">{_subtitle(meta)}</p>

@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 from tokenmill.bench.metrics import itl_gaps_s, tpot_s  # noqa: E402
 from tokenmill.bench.record import RequestRecord  # noqa: E402
 from tokenmill.bench.results import RunResult  # noqa: E402
+from tokenmill.ui.theme import matplotlib_style  # noqa: E402
 
 Getter = Callable[[RequestRecord], list[float]]
 
@@ -161,11 +162,13 @@ def pareto_plot(results: list[RunResult], path: Path) -> Path:
 
 
 def write_plots(out_dir: Path, results: list[RunResult]) -> dict[str, Path]:
+    """Every plot, in the web UI's colours and font (tokenmill/ui/theme.py)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = {f"{m}_cdf": cdf_plot(results, m, out_dir / f"{m}_cdf.png") for m in CDFS}
-    plots["throughput_vs_concurrency"] = throughput_plot(
-        results, out_dir / "throughput_vs_concurrency.png"
-    )
-    plots["ttft_vs_load"] = ttft_load_plot(results, out_dir / "ttft_vs_load.png")
-    plots["pareto"] = pareto_plot(results, out_dir / "pareto.png")
+    with matplotlib.rc_context(matplotlib_style()):
+        plots = {f"{m}_cdf": cdf_plot(results, m, out_dir / f"{m}_cdf.png") for m in CDFS}
+        plots["throughput_vs_concurrency"] = throughput_plot(
+            results, out_dir / "throughput_vs_concurrency.png"
+        )
+        plots["ttft_vs_load"] = ttft_load_plot(results, out_dir / "ttft_vs_load.png")
+        plots["pareto"] = pareto_plot(results, out_dir / "pareto.png")
     return plots

@@ -1,0 +1,47 @@
+"""The engine server's dashboard series, read from its Prometheus registry (ServerMetrics)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from tokenmill.ui.rates import per_second, ratio, window_percentiles
+from tokenmill.ui.readings import Reading
+from tokenmill.ui.sampler import Base
+
+P = "tokenmill:"
+
+
+class ServerSource:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def read(self) -> Reading:
+        return Reading.of(self.registry)
+
+    def sample(self, now: Reading, rate: Base | None, window: Base | None) -> dict[str, Any]:
+        kv = {"device": round(now.total(P + "kv_cache_usage_perc"), 4)}
+        for medium, used in now.by(P + "kv_tier_usage_perc", "medium").items():
+            kv[medium] = round(used, 4)
+        return {
+            "running": now.total(P + "num_requests_running"),
+            "waiting": now.total(P + "num_requests_waiting"),
+            "kv_usage": kv,
+            "prefix_hit_rate": ratio(
+                now, window, P + "prefix_cache_hits_total", P + "prefix_cache_queries_total"
+            ),
+            "output_tps": per_second(now, rate, P + "generation_tokens_total"),
+            "prompt_tps": per_second(now, rate, P + "prompt_tokens_total"),
+            "finished_ps": per_second(now, rate, P + "request_success_total"),
+            "preemptions_ps": per_second(now, rate, P + "num_preemptions_total"),
+            "loop_cutoffs_ps": per_second(now, rate, P + "repetition_cutoffs_total"),
+            "ttft_ms": window_percentiles(now, window, P + "time_to_first_token_seconds"),
+            "itl_ms": window_percentiles(now, window, P + "inter_token_latency_seconds"),
+            "totals": {
+                "generation_tokens": now.total(P + "generation_tokens_total"),
+                "requests": now.total(P + "request_success_total"),
+                "preemptions": now.total(P + "num_preemptions_total"),
+                "loop_cutoffs": now.total(P + "repetition_cutoffs_total"),
+            },
+        }
