@@ -7,7 +7,11 @@ KVBlockServer over a KV pool of the embedded model's shape) serves finished tran
 memory. Printed: GB/s and ms per 1k tokens, next to the limits measured in the same run:
 memcpy (torch copy) and loopback (one large ZMQ frame between the same two processes).
 
-Part 2, serving (`tokenmill bench`, same total threads): short chats (~150-token prompts,
+Part 2, the threshold: what a local prefill of N tokens costs the streams of a decode worker
+(the engine step that carries it, beside 4 decoding streams, on one thread) next to what
+moving the same blocks costs; `--pd-min-uncached-tokens` is chosen from it.
+
+Part 3, serving (`tokenmill bench`, same total threads): short chats (~150-token prompts,
 64 output tokens) at a steady rate with long prompts (2-8k tokens) among them, replayed from
 one trace against `tokenmill cluster --replicas 2` (aggregated), and `--prefill 1 --decode 1`
 with --pd-mode always and conditional. Printed per layout: the short chats' ITL p99 and TTFT
@@ -169,7 +173,59 @@ def print_transfer(res: dict) -> None:
                   f"{r['ms_per_1k_tokens']:10.1f} {100 * r['gbps'] / limit:8.0f}%")  # fmt: skip
 
 
-# ------------------------------------------------------------------ part 2: serving
+# ------------------------------------------------------------------ part 2: the threshold
+
+
+def stall_part(lengths: list[int]) -> dict:
+    """What prefilling a prompt locally costs a decode worker's streams (one thread): the
+    time of the engine step that carries the prefill beside 4 decoding streams, against a
+    decode-only step. The remote path costs the transfer of the same blocks instead."""
+    from tokenmill import SamplingParams
+    from tokenmill.config import CacheConfig, EngineConfig, ModelConfig
+    from tokenmill.engine.core import EngineCore
+    from tokenmill.engine.core_types import EngineCoreRequest
+
+    core = EngineCore(EngineConfig(ModelConfig(), CacheConfig(kv_cache_memory_bytes=1 << 30),
+                                   num_threads=1))  # fmt: skip
+    rng = random.Random(0)
+    decode = SamplingParams(temperature=0, max_tokens=10_000, ignore_eos=True)
+    for i in range(4):
+        ids = [rng.randrange(100, 30000) for _ in range(100)]
+        core.add_request(EngineCoreRequest(f"s{i}", ids, decode, time.monotonic()))
+    for _ in range(3):
+        core.step()  # the streams are decoding now
+
+    def step_s() -> float:
+        t0 = time.perf_counter()
+        core.step()
+        return time.perf_counter() - t0
+
+    base = min(step_s() for _ in range(5))
+    out = {"decode_step_ms": 1000 * base, "prefill_step_ms": {}}
+    for n in lengths:
+        ids = [rng.randrange(100, 30000) for _ in range(n)]
+        one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+        core.add_request(EngineCoreRequest(f"p{n}", ids, one, time.monotonic()))
+        out["prefill_step_ms"][n] = 1000 * step_s()  # the whole prompt fits one step's budget
+        step_s()
+    core.shutdown()
+    return out
+
+
+def print_stall(res: dict, transfer: dict | None) -> None:
+    print(f"\nlocal prefill on a decode worker (1 thread, 4 streams decoding; a decode-only step "
+          f"takes {res['decode_step_ms']:.0f} ms):")  # fmt: skip
+    print(f"{'prompt':>7s} {'step ms':>8s} {'streams stall ms':>17s} {'transfer ms (shm)':>18s}")
+    per_1k = None
+    if transfer:
+        per_1k = min(r["shm"]["ms_per_1k_tokens"] for r in transfer["sizes"].values())
+    for n, ms in res["prefill_step_ms"].items():
+        stall = ms - res["decode_step_ms"]
+        moved = f"{per_1k * n / 1000:18.0f}" if per_1k else f"{'-':>18s}"
+        print(f"{n:7d} {ms:8.0f} {stall:17.0f} {moved}")
+
+
+# ------------------------------------------------------------------ part 3: serving
 
 
 def write_trace(path: Path, args: argparse.Namespace) -> None:
@@ -290,6 +346,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a short smoke run")
     ap.add_argument("--skip-serving", action="store_true")
     ap.add_argument("--skip-transfer", action="store_true")
+    ap.add_argument("--skip-stall", action="store_true")
     ap.add_argument("--duration", type=float, default=240.0, help="trace length, s")
     ap.add_argument("--chat-rate", type=float, default=1.0, help="short chats per second")
     ap.add_argument("--long-every", type=float, default=30.0, help="one long prompt per S")
@@ -308,6 +365,9 @@ def main() -> None:
     if not args.skip_transfer:
         summary["transfer"] = transfer_part(sizes, repeats)
         print_transfer(summary["transfer"])
+    if not args.skip_stall:
+        summary["stall"] = stall_part([128, 256, 512, 1024, 2048])
+        print_stall(summary["stall"], summary.get("transfer"))
     if not args.skip_serving:
         trace = out / "mixed-trace.jsonl"
         write_trace(trace, args)

@@ -28,6 +28,7 @@ class BlockIO(Protocol):
 
     def read_block(self, block_id: int) -> torch.Tensor: ...
     def write_block(self, block_id: int, data: torch.Tensor) -> None: ...
+    def write_blocks(self, writes: list[tuple[int, Any]]) -> None: ...
 
 
 class KVEventSink(Protocol):
@@ -165,11 +166,13 @@ class KVCacheManager:
         blocks.extend(shared)
         if needed > 0:
             new = self.pool.allocate(needed)
-            for block, (h, data, _medium) in zip(new, loaded, strict=False):
+            if loaded:
                 assert self.block_io is not None
-                self.block_io.write_block(block.block_id, data)
-                if self.pool.cache_block(block, h) and self.events:
-                    self.events.block_stored(MEDIUM_DEVICE, [h], None, [])
+                pairs = list(zip(new, loaded, strict=False))
+                self.block_io.write_blocks([(b.block_id, data) for b, (_, data, _) in pairs])
+                for block, (h, _data, _medium) in pairs:
+                    if self.pool.cache_block(block, h) and self.events:
+                        self.events.block_stored(MEDIUM_DEVICE, [h], None, [])
             blocks.extend(new)
         if shared or loaded:
             self.num_cached_blocks[request.request_id] = len(shared) + len(loaded)

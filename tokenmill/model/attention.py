@@ -8,10 +8,10 @@ chunks (prefill chunks). Each layer's cache is one tensor [2, num_blocks, block_
 from __future__ import annotations
 
 import math
+import mmap
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -19,13 +19,18 @@ from tokenmill.kernels import ops
 
 
 def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
-    """A zero-filled tensor whose host pages are mapped on first touch: numpy's zeros is
-    calloc, which takes fresh zero pages from the OS for a large block instead of writing
-    every byte (a 2 GiB KV pool costs nothing until it fills; torch.zeros writes it all)."""
+    """A zero-filled tensor whose host pages are mapped on first touch: an anonymous mmap
+    (the kernel's zero pages), so a 2 GiB KV pool costs nothing until it fills, where
+    torch.zeros writes it all. Not numpy's zeros: numpy advises huge pages on large arrays,
+    and where the kernel then compacts memory on every fault (THP defrag=madvise) a first
+    touch costs ~25 us per 4 KiB page, 15x a plain fault: seconds per GiB of KV written."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buf, dtype=dtype).view(shape)  # the tensor keeps `buf` alive
 
 
 @dataclass

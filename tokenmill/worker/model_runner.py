@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from tokenmill.engine.core_types import PositionLogprobs
@@ -59,6 +61,29 @@ class ModelRunner:
     def write_block(self, block_id: int, data: torch.Tensor) -> None:
         for layer, kv in enumerate(self.kv_caches):
             kv[:, block_id].copy_(data[layer])
+
+    def write_blocks(self, writes: list[tuple[int, Any]]) -> None:
+        """Many blocks at once: runs of blocks received in one chunk (BlockViews of the same
+        frames, consecutive) go in with one index_copy_ per layer, the rest one by one."""
+        i = 0
+        while i < len(writes):
+            block_id, data = writes[i]
+            layers = getattr(data, "layers", None)
+            j = i + 1
+            while (
+                layers is not None and j < len(writes)
+                and getattr(writes[j][1], "layers", None) is layers
+                and writes[j][1].j == writes[j - 1][1].j + 1
+            ):  # fmt: skip
+                j += 1
+            if j - i == 1:
+                self.write_block(block_id, data)
+            else:
+                ids = torch.tensor([b for b, _ in writes[i:j]], dtype=torch.long)
+                first = data.j
+                for kv, src in zip(self.kv_caches, layers, strict=True):
+                    kv.index_copy_(1, ids, src[:, first : first + j - i])
+            i = j
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
