@@ -13,7 +13,8 @@ moving the same blocks costs; `--pd-min-uncached-tokens` is chosen from it.
 
 Part 3, serving (`tokenmill bench`, same total threads): short chats (~150-token prompts,
 64 output tokens) at a steady rate with long prompts (2-8k tokens) among them, replayed from
-one trace against `tokenmill cluster --replicas 2` (aggregated), and `--prefill 1 --decode 1`
+one trace against `tokenmill cluster --replicas 2` (aggregated: 1 thread each, the router
+in front) and `--replicas 1 --num-threads 2` (aggregated-1x2), and `--prefill 1 --decode 1`
 with --pd-mode always and conditional. Printed per layout: the short chats' ITL p99 and TTFT
 p50/p99, the long prompts' TTFT, output throughput, and the ratios to aggregated.
 
@@ -336,6 +337,7 @@ def print_serving(runs: dict[str, dict], args: argparse.Namespace) -> None:
 
 LAYOUTS = {
     "aggregated": ["--replicas", "2"],
+    "aggregated-1x2": ["--replicas", "1", "--num-threads", "2"],
     "disagg-always": ["--prefill", "1", "--decode", "1", "--pd-mode", "always"],
     "disagg-cond": ["--prefill", "1", "--decode", "1", "--pd-mode", "conditional"],
 }

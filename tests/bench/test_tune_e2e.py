@@ -8,18 +8,20 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from tests.server.conftest import start_server
 from tokenmill.config_file import load_config_file
 from tokenmill.tune.trials import TrialStore
 
 
-def tune(out, space) -> subprocess.CompletedProcess:
+def tune(out, space, *extra: str) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable, "-m", "tokenmill.cli", "tune", "--space", str(space),
         "--concurrency", "4", "--num-requests", "8", "--input-len", "32", "--output-len", "8",
         "--slo", "ttft=20s", "--budget-minutes", "10", "--repeat-chosen", "1",
         "--serve-args", "--kv-cache-memory 0.25", "--output-dir", str(out), "--no-progress",
+        *extra,
     ]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
@@ -58,3 +60,20 @@ def test_tune_measures_picks_writes_a_config_and_resumes(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:]
     assert f"resuming: {len(trials)} trials" in again.stdout
     assert len(TrialStore(out / "trials.jsonl").trials) == len(trials)  # nothing measured again
+
+
+@pytest.mark.slow  # two replicas and a router per trial
+def test_tune_over_replicas_writes_a_cluster_config(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("replicas: [1, 2]\n")
+    out = tmp_path / "tune"
+    done = tune(out, space, "--max-trials", "3", "--repeat-chosen", "0")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    configs = [t.config for t in TrialStore(out / "trials.jsonl").trials]
+    assert {"replicas": 2} in configs and {"replicas": 1} in configs
+    two = next(t for t in TrialStore(out / "trials.jsonl").trials if t.config == {"replicas": 2})
+    assert two.figures["completed"] == 8 and two.total > 0  # served through the router
+    best = load_config_file(out / "best.yaml")
+    command = "cluster" if best.get("replicas", 1) > 1 else "serve"
+    assert f"tokenmill {command} --config" in (out / "best.yaml").read_text()
+    assert f"tokenmill {command} --config" in (out / "report.html").read_text()

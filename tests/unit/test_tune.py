@@ -102,3 +102,18 @@ def test_space_parsing_and_argv():
         SearchSpace.from_mapping({f"k{i}": list(range(10)) for i in range(6)})
     assert config_key({"a": 1, "b": 2}) == config_key(json.loads('{"b": 2, "a": 1}'))
     assert len(list(itertools.islice(SearchSpace.default().all_indices(), 3))) == 3
+
+
+def test_replicas_knob_runs_a_cluster_and_splits_the_threads():
+    from tokenmill.tune.space import launch_command
+
+    space = SearchSpace.from_mapping({"replicas": [1, 2], "max-num-seqs": [8]})
+    one, two = (space.config(i) for i in space.all_indices())
+    assert config_argv(one) == ["--max-num-seqs", "8"] and launch_command(one) == "serve"
+    assert config_argv(two) == ["--replicas", "2", "--max-num-seqs", "8"]
+    assert launch_command(two) == "cluster"
+    for bad in ([0], [1.5], ["2"], [65]):
+        with pytest.raises(ValueError, match="replicas"):
+            SearchSpace.from_mapping({"replicas": bad})
+    assert "replicas" in [k.flag for k in SearchSpace.default(cores=2).knobs]
+    assert "replicas" not in [k.flag for k in SearchSpace.default(cores=1).knobs]

@@ -82,6 +82,11 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="a prefill worker with this many requests is saturated",
     )
+    pd.add_argument(
+        "--pd-max-prefill-queue-tokens", type=int, default=d.max_prefill_queue_tokens,
+        metavar="N", help="... or with this many booked prompt tokens not yet prefilled (a "
+        "prompt that would queue behind them is prefilled on the decode worker)",
+    )  # fmt: skip
 
 
 def router_config(args: argparse.Namespace) -> RouterConfig:
@@ -101,8 +106,11 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         max_in_flight=args.max_in_flight,
         max_queue=args.max_queue,
         disagg=DisaggConfig(
-            args.pd_mode, args.pd_min_uncached_tokens, args.pd_max_prefill_in_flight
-        ),
+            args.pd_mode,
+            args.pd_min_uncached_tokens,
+            args.pd_max_prefill_in_flight,
+            args.pd_max_prefill_queue_tokens,
+        ),  # fmt: skip
     )
 
 

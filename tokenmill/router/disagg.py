@@ -26,12 +26,19 @@ class DisaggConfig:
     # benchmarks/disagg.py; below it the transfer and the second hop cost more than they save)
     min_uncached_tokens: int = 512
     max_prefill_in_flight: int = 4  # per prefill worker; beyond it the pool is saturated
+    # booked prompt tokens not yet prefilled on a prefill worker beyond which it is saturated
+    # too: a short prompt queued behind a long one would wait seconds for its first token
+    max_prefill_queue_tokens: int = 4096
 
     def __post_init__(self) -> None:
         if self.mode not in DISAGG_MODES:
             raise ValueError(f"pd_mode: must be one of {', '.join(DISAGG_MODES)}")
-        if self.min_uncached_tokens < 0 or self.max_prefill_in_flight < 1:
-            raise ValueError("pd thresholds: min_uncached_tokens >= 0, max_prefill_in_flight >= 1")
+        if (self.min_uncached_tokens < 0 or self.max_prefill_in_flight < 1
+                or self.max_prefill_queue_tokens < 0):  # fmt: skip
+            raise ValueError(
+                "pd thresholds: min_uncached_tokens >= 0, max_prefill_in_flight >= 1, "
+                "max_prefill_queue_tokens >= 0"
+            )
 
 
 @dataclass
@@ -62,6 +69,7 @@ def eligible_prefill(
     num_seqs: int,
     prefill_pool: list[Replica],
     in_flight: dict[str, int],
+    queued_tokens: dict[str, float] | None = None,
 ) -> tuple[list[Replica], str, str]:
     """The prefill workers this request may use (none: prefill locally), a reason code (a
     metric label) and the reason in words (the decision log)."""
@@ -74,9 +82,18 @@ def eligible_prefill(
     threshold = config.min_uncached_tokens
     if config.mode == "conditional" and uncached < threshold:
         return [], "short", f"uncached {uncached} < {threshold} tokens"
-    free = [r for r in prefill_pool if in_flight.get(r.name, 0) < config.max_prefill_in_flight]
+    queued = queued_tokens or {}
+    free = [
+        r for r in prefill_pool
+        if in_flight.get(r.name, 0) < config.max_prefill_in_flight
+        and queued.get(r.name, 0.0) + uncached <= max(config.max_prefill_queue_tokens, uncached)
+    ]  # fmt: skip
     if not free:
-        return [], "saturated", "every prefill worker has max_prefill_in_flight requests"
+        return (
+            [],
+            "saturated",
+            "every prefill worker is at max_prefill_in_flight requests or max_prefill_queue_tokens",
+        )
     if config.mode == "always":
         return free, "always", "disaggregation always on"
     return free, "long", f"uncached {uncached} >= {threshold} tokens"

@@ -228,6 +228,8 @@ class Router:
             if r.role == "prefill" and r.kv_endpoint and r.info.get("max_model_len", fits + 1) > fits
         ]  # fmt: skip
         in_flight = {r.name: self.loads.in_flight(r.name) for r in pool}
+        now = time.monotonic()
+        queued = {r.name: self.loads.pending_prefill(r.name, now) * r.block_size for r in pool}
         num_seqs = key.num_seqs if key is not None else 0
         if decision.replica.role != "decode":
             free, code, why = (
@@ -236,7 +238,7 @@ class Router:
                 f"{decision.replica.name} is not a decode worker",
             )
         else:
-            free, code, why = eligible_prefill(config, uncached, num_seqs, pool, in_flight)
+            free, code, why = eligible_prefill(config, uncached, num_seqs, pool, in_flight, queued)
         if not free or key is None:
             self.metrics.kv_transfer_decisions.labels("local", code).inc()
             out = DisaggDecision(False, why, uncached)

@@ -64,7 +64,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tokenmill.tune.report import TuneOutcome, write_report
     from tokenmill.tune.runner import TrialRunner
     from tokenmill.tune.search import next_config
-    from tokenmill.tune.space import SearchSpace, config_argv, config_key
+    from tokenmill.tune.space import SearchSpace, config_argv, config_key, launch_command
     from tokenmill.tune.trials import TrialStore
 
     console = Console(width=None if sys.stdout.isatty() else 160)
@@ -148,8 +148,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     config_path = None
     if chosen is not None:
         config_path = out / "best.yaml"
+        best = trials[chosen.key].config
         write_config(
-            config_path, [*runner.extra_serve_args, *config_argv(trials[chosen.key].config)]
+            config_path, [*runner.extra_serve_args, *config_argv(best)], launch_command(best)
         )
     outcome = TuneOutcome(
         trials=trials, attempts=store.attempts(), defaults_key=defaults_key,
@@ -166,13 +167,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if config_path is None:
         console.print("[red]no configuration met the SLO[/]")
         return 1
-    console.print(f"chosen configuration: {config_path} (tokenmill serve --config {config_path})")
+    command = launch_command(trials[chosen.key].config) if chosen else "serve"
+    console.print(
+        f"chosen configuration: {config_path} (tokenmill {command} --config {config_path})"
+    )
     return 0
 
 
-def write_config(path: Path, serve_argv: list[str]) -> None:
-    """The chosen flags as a `serve --config` file (YAML: flag names without dashes in
-    front; a switch as true)."""
+def write_config(path: Path, serve_argv: list[str], command: str = "serve") -> None:
+    """The chosen flags as a `serve --config` (or `cluster --config`) file (YAML: flag names
+    without dashes in front; a switch as true)."""
     import yaml
 
     values: dict = {}
@@ -185,7 +189,7 @@ def write_config(path: Path, serve_argv: list[str]) -> None:
         else:
             values[flag] = True
             i += 1
-    text = "# written by tokenmill tune: tokenmill serve --config " + path.name + "\n"
+    text = f"# written by tokenmill tune: tokenmill {command} --config {path.name}\n"
     path.write_text(text + (yaml.safe_dump(values, sort_keys=False) if values else "{}\n"))
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenmill.tune.frontier import pareto_frontier
-from tokenmill.tune.space import config_argv
+from tokenmill.tune.space import config_argv, launch_command
 from tokenmill.tune.trials import Trial
 
 
@@ -130,8 +130,11 @@ def write_report(outcome: TuneOutcome, out_dir: Path) -> Path:
                 f"<p><b>Run-to-run spread of the chosen point:</b> {_num(spread[0])}..."
                 f"{_num(spread[1])} total tok/s over {spread[2]} runs.</p>"
             )
+    command = "serve"
+    if outcome.chosen_key is not None and outcome.chosen_key in outcome.trials:
+        command = launch_command(outcome.trials[outcome.chosen_key].config)
     serve = (
-        f"tokenmill serve --config {html.escape(str(outcome.config_path))}"
+        f"tokenmill {command} --config {html.escape(str(outcome.config_path))}"
         if outcome.config_path
         else "–"
     )

@@ -17,7 +17,7 @@ from tokenmill.bench.execute import RunOptions
 from tokenmill.bench.peers import ServerSpec
 from tokenmill.bench.plan import Plan
 from tokenmill.bench.session import Source, run_session
-from tokenmill.tune.space import Config, config_argv, config_key
+from tokenmill.tune.space import Config, config_argv, config_key, launch_command
 from tokenmill.tune.trials import Trial
 
 
@@ -35,11 +35,13 @@ class TrialRunner:
         return [*self.extra_serve_args, *config_argv(config)]
 
     def run(self, config: Config, attempt: int = 1) -> Trial:
+        """A trial on `tokenmill serve`, or on `tokenmill cluster` (replicas + router) when
+        the configuration asks for more than one replica."""
         name = f"trial-{config_key(config)}"
         model = ["--model", self.model] if self.model else []
         argv = (
-            sys.executable, "-m", "tokenmill.cli", "serve", "--host", "127.0.0.1",
-            "--port", "{port}", *model, *self.serve_argv(config),
+            sys.executable, "-m", "tokenmill.cli", launch_command(config), "--host",
+            "127.0.0.1", "--port", "{port}", *model, *self.serve_argv(config),
         )  # fmt: skip
         source = Source(Target(name, "", endpoint=self.endpoint), server=ServerSpec(name, argv))
         results, _, skipped = asyncio.run(

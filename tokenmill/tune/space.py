@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,10 @@ DEFAULT_KNOBS: dict[str, tuple[Any, ...]] = {
     "max-num-batched-tokens": (256, 512, 1024, 2048),
     "weights": ("native", "int8"),
 }
+# `replicas` > 1 runs the trial as `tokenmill cluster --replicas N` (the router in front,
+# the machine's threads split between the replicas unless `num-threads` sets them per
+# replica): threads per replica x replicas at one total.
+REPLICAS = "replicas"
 MAX_CONFIGS = 100_000
 
 
@@ -47,6 +52,10 @@ class SearchSpace:
             flag = str(flag).replace("_", "-").removeprefix("--")
             if not isinstance(values, list | tuple):
                 values = [values]
+            if flag == REPLICAS and not all(
+                v is None or (type(v) is int and 1 <= v <= 64) for v in values
+            ):
+                raise ValueError("space: replicas: values must be integers in [1, 64]")
             for v in values:
                 if v is not None and (isinstance(v, bool) or not isinstance(v, str | int | float)):
                     raise ValueError(f"space: {flag}: values must be numbers, strings or null")
@@ -57,8 +66,12 @@ class SearchSpace:
         return space
 
     @classmethod
-    def default(cls) -> SearchSpace:
-        return cls.from_mapping({k: list(v) for k, v in DEFAULT_KNOBS.items()})
+    def default(cls, cores: int | None = None) -> SearchSpace:
+        knobs: dict[str, Any] = {k: list(v) for k, v in DEFAULT_KNOBS.items()}
+        cores = cores or os.cpu_count() or 1
+        if cores >= 2:  # one replica on every core, or two on half each
+            knobs[REPLICAS] = [1, 2]
+        return cls.from_mapping(knobs)
 
     @property
     def size(self) -> int:
@@ -102,11 +115,22 @@ def config_key(config: Config) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def num_replicas(config: Config) -> int:
+    value = config.get(REPLICAS)
+    return int(value) if value is not None else 1
+
+
 def config_argv(config: Config) -> list[str]:
-    """The configuration as `serve` flags (null values left out)."""
+    """The configuration as flags (null values left out): `serve` flags, or `cluster` ones
+    (with --replicas) when it asks for more than one replica."""
     return [
         arg
         for flag, value in config.items()
-        if value is not None
+        if value is not None and not (flag == REPLICAS and num_replicas(config) == 1)
         for arg in (f"--{flag}", str(value))
     ]
+
+
+def launch_command(config: Config) -> str:
+    """The command a configuration (file) is for."""
+    return "cluster" if num_replicas(config) > 1 else "serve"
