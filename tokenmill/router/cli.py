@@ -135,6 +135,12 @@ def add_router_parsers(sub, add_engine_args) -> None:
     )
     c.add_argument("--decode", type=int, default=0, metavar="M", help="decode workers")
     c.add_argument("--replica-args", default="", help="extra `serve` flags for every replica")
+    c.add_argument("--prefill-args", default="", help="extra `serve` flags for prefill workers")
+    c.add_argument(
+        "--decode-args", default="",
+        help="extra `serve` flags for decode workers (e.g. a small --max-num-batched-tokens: "
+        "their streams then wait for at most that much prefill per step)",
+    )  # fmt: skip
     c.add_argument("--log-dir", default=None, help="replica logs (default: a temp folder)")
     add_router_args(c)
     before = list(c._actions)
@@ -228,7 +234,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     argv = engine_argv(args) + shlex.split(args.replica_args)
     level = logging.getLevelName(logging.getLogger().level)
     print(f"starting {len(roles)} replicas (logs in {log_dir}) ...", flush=True)
-    replicas = start_cluster(len(roles), argv, log_dir, args.num_threads, level, api_key, roles)
+    role_argv = {"prefill": shlex.split(args.prefill_args), "decode": shlex.split(args.decode_args)}
+    replicas = start_cluster(len(roles), argv, log_dir, args.num_threads, level, api_key, roles,
+                             role_argv)  # fmt: skip
     for r, role in zip(replicas, roles, strict=True):
         print(f"  {role:7} {r.spec.url}  events {r.spec.events}  replay {r.spec.replay}")
     try:
