@@ -15,7 +15,7 @@ from tests.ui.browser import ARTIFACTS, SAVED, chromium_path, screenshot
 KEY = "ui-test-key-0123456789"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser():
     path = chromium_path()
     if path is None:
@@ -33,7 +33,7 @@ def browser():
         browser.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ui_server(tmp_path_factory) -> Iterator[ServerProcess]:
     events, replay = free_port(), free_port()
     srv = start_server(

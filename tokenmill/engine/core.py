@@ -9,6 +9,7 @@ import os
 import time
 
 import torch
+import zmq
 
 from tokenmill.cache_dirs import cache_root
 from tokenmill.config import EngineConfig, SchedulerConfig
@@ -333,7 +334,8 @@ class EngineCore:
         return self.kv_connector.poll() if self.kv_connector is not None else []
 
     @property
-    def wake_socket(self):  # noqa: ANN201 - a zmq socket, polled by the engine loop
+    def wake_socket(self) -> zmq.Socket | None:
+        """Polled by the engine loop beside its input: KV transfer news arrives here."""
         return self.kv_connector.wake_socket if self.kv_connector is not None else None
 
     def has_unfinished_requests(self) -> bool:
