@@ -45,7 +45,7 @@ SERVER_FLAGS = (
 )  # fmt: skip
 # Hypothesis examples per operation in the fuzzing phase (positive and negative); the
 # coverage phase adds its ~1,600 deterministic cases on top.
-CI_EXAMPLES = 80
+CI_EXAMPLES = 40
 SLOW_EXAMPLES = 1000
 # A 200 stream is read up to this many events, then the client hangs up (schemathesis'
 # default is 20): a longer stream also exercises the disconnect path.
@@ -381,7 +381,9 @@ def fuzz_server(tmp_path_factory) -> Iterator[ServerProcess]:
     srv.stop()
 
 
-def check_run(server: ServerProcess, report: FuzzReport, min_requests: int) -> None:
+def check_run(
+    server: ServerProcess, report: FuzzReport, min_requests: int, min_generated: int = 15
+) -> None:
     print("\n" + report.summary())
     if report.failures:
         path = Path(server.log_path).with_name("fuzz-failures.txt")
@@ -397,11 +399,11 @@ def check_run(server: ServerProcess, report: FuzzReport, min_requests: int) -> N
     assert report.total >= min_requests, report.summary()
     # not a vacuous run: valid bodies got through to generation
     for path in GENERATION_PATHS:
-        assert report.succeeded[f"POST {path}"] >= 15, report.succeeded
+        assert report.succeeded[f"POST {path}"] >= min_generated, report.succeeded
 
 
 def test_fuzz(fuzz_server):
-    check_run(fuzz_server, run_fuzz(fuzz_server, CI_EXAMPLES), min_requests=1950)
+    check_run(fuzz_server, run_fuzz(fuzz_server, CI_EXAMPLES), min_requests=950, min_generated=5)
 
 
 @pytest.mark.slow
