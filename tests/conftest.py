@@ -1,11 +1,21 @@
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
 import torch
 
 torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_leaked_clients():
+    """After each module, collect its garbage while no event loop runs: an async HTTP client
+    a third-party library left open, finalized later inside another test's loop, would fail
+    that test ("Event loop is closed" from its transport's close)."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
