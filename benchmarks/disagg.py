@@ -27,7 +27,6 @@ import argparse
 import json
 import multiprocessing as mp
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,9 +39,10 @@ import numpy as np
 import torch
 import zmq
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.router_policies import launch_cluster, stop_cluster  # noqa: E402
 from tokenmill.bench.metrics import itl_gaps_s
 from tokenmill.bench.record import RequestRecord
-from tokenmill.router.cluster import free_port
 
 BLOCK = 16
 SHORT_MAX_TOKENS = 1000  # a prompt below this is a "short chat"
@@ -244,31 +244,8 @@ def write_trace(path: Path, args: argparse.Namespace) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def start_layout(flags: list[str], log_dir: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "tokenmill.cli", "cluster", "--port", str(port), "--log-dir",
-           str(log_dir), "--kv-cache-memory", "0.6", *flags]  # fmt: skip
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / "cluster.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError((log_dir / "cluster.log").read_text())
-        try:
-            info = httpx.get(url + "/router_info", timeout=2).json()
-            if all(r["healthy"] for r in info["replicas"]):
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("cluster not ready")
-
-
 def serve_layout(name: str, flags: list[str], trace: Path, n: int, out: Path) -> dict:
-    proc, url = start_layout(flags, out / "logs" / name)
+    proc, url = launch_cluster([*flags, "--kv-cache-memory", "0.6"], out / "logs" / name)
     try:
         cmd = [sys.executable, "-m", "tokenmill.cli", "bench", "--base-url", url, "--name", name,
                "--endpoint", "chat", "--workload", "trace", "--dataset", str(trace),
@@ -277,11 +254,7 @@ def serve_layout(name: str, flags: list[str], trace: Path, n: int, out: Path) ->
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         metrics = httpx.get(url + "/metrics", timeout=10).text
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_cluster(proc)
     return summarize(out / name / "requests.jsonl", metrics)
 
 

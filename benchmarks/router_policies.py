@@ -30,12 +30,17 @@ from tokenmill.router.cluster import free_port
 def start_cluster(
     policy: str, args: argparse.Namespace, log_dir: Path
 ) -> tuple[subprocess.Popen, str]:
+    flags = ["--replicas", "2", "--policy", policy, "--kv-cache-memory", str(args.kv_cache_memory),
+             "--max-num-seqs", "64"]  # fmt: skip
+    return launch_cluster(flags, log_dir)
+
+
+def launch_cluster(flags: list[str], log_dir: Path) -> tuple[subprocess.Popen, str]:
+    """`tokenmill cluster FLAGS` on a free port, once every replica is healthy and its KV
+    events synced: (the process, the router's URL)."""
     port = free_port()
-    cmd = [
-        sys.executable, "-m", "tokenmill.cli", "cluster", "--replicas", "2", "--port", str(port),
-        "--policy", policy, "--kv-cache-memory", str(args.kv_cache_memory),
-        "--max-num-seqs", "64", "--log-dir", str(log_dir),
-    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "tokenmill.cli", "cluster", "--port", str(port),
+           "--log-dir", str(log_dir), *flags]  # fmt: skip
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "cluster.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -86,11 +91,15 @@ def run_policy(policy: str, args: argparse.Namespace, out: Path) -> dict:
         run["placement"] = httpx.get(url + "/router_info", timeout=10).json()
         return run
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_cluster(proc)
+
+
+def stop_cluster(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def print_table(runs: dict[str, dict], baseline: str) -> None:
