@@ -206,6 +206,43 @@ def test_a_client_cannot_set_kv_transfer_params_through_the_router(layout):
     assert bad.status_code == 400 and "role is decode" in bad.json()["error"]["message"]
 
 
+def test_malformed_transfer_params_and_digest_bodies_get_400_beside_a_running_request(layout):
+    body = chat_body(words(8, 300), max_tokens=24)
+    expected = text_of(post(layout.single.spec.url, "/v1/chat/completions", body))
+    result: dict = {}
+    running = threading.Thread(target=lambda: result.update(text=streamed_text(layout.url, body)))
+    running.start()
+    deep: dict = {}
+    for _ in range(200):
+        deep = {"x": deep}
+    bad_params = [
+        "tcp", [], {}, 5, {"transfer_id": ""},
+        {"do_remote_prefill": True, "transfer_id": "t", "remote_endpoint": "tcp://h:99999"},
+        {"do_remote_prefill": True, "transfer_id": "t", "remote_endpoint": "tcp://h:-1"},
+        {"do_remote_prefill": True, "transfer_id": "x" * 10_000, "remote_endpoint": "tcp://h:1"},
+        {"do_remote_prefill": True, "transfer_id": "t", "remote_endpoint": "tcp://h:1", "n": 1},
+        {"do_remote_prefill": 1, "transfer_id": "t", "remote_endpoint": "tcp://h:1"},
+    ]  # fmt: skip
+    for params in bad_params:
+        r = post(layout.decode.spec.url, "/v1/chat/completions",
+                 chat_body("hi", kv_transfer_params=params), timeout=30)  # fmt: skip
+        assert r.status_code == 400 and "kv_transfer_params" in r.text, (params, r.text[:300])
+    nested = chat_body("hi", kv_transfer_params={"do_remote_decode": True, "transfer_id": deep})
+    r = post(layout.decode.spec.url, "/v1/chat/completions", nested, timeout=30)
+    assert r.status_code == 400 and "nested" in r.text, r.text[:300]
+    for digest_body in ({"token_ids": [-1]}, {"token_ids": "abc"}, {"token_ids": [[1]]},
+                        {"token_ids": [1] * 9000}, {"token_ids": [2**40]}, {}, {"token_ids": deep}):  # fmt: skip
+        r = post(layout.decode.spec.url, "/kv_cache/digests", digest_body, timeout=30)
+        assert r.status_code == 400, (str(digest_body)[:80], r.text[:300])
+    assert post(layout.decode.spec.url, "/kv_cache/digests", {"token_ids": []}).json() == {
+        "digests": []
+    }
+    running.join(120)
+    assert result["text"] == expected
+    for w in (layout.prefill, layout.decode):
+        assert httpx.get(w.spec.url + "/health", timeout=10).status_code == 200
+
+
 def test_zz_prefill_worker_killed_mid_transfer_the_request_still_completes(layout):
     body = chat_body(words(7, 1200))
     expected = text_of(post(layout.single.spec.url, "/v1/chat/completions", body))

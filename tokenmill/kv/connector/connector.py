@@ -14,7 +14,7 @@ from tokenmill.kv.connector.server import KVBlockServer
 from tokenmill.kv.connector.stats import KVTransferStats
 from tokenmill.kv.connector.waker import Waker
 from tokenmill.kv.manager import KVCacheManager
-from tokenmill.request import Request
+from tokenmill.request import Request, RequestStatus
 from tokenmill.scheduler.scheduler import Scheduler
 
 
@@ -73,7 +73,7 @@ class KVConnector:
         try:
             self.producer.register(request, params)
         except ValueError:
-            self.scheduler.finish_requests([request.request_id], request.status.FINISHED_ABORTED)
+            self.scheduler.finish_requests([request.request_id], RequestStatus.FINISHED_ABORTED)
             raise
 
     def abort(self, request_id: str) -> bool:

@@ -8,6 +8,7 @@ request ("fail"). An abort while parked cancels the pull.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import socket
@@ -25,9 +26,8 @@ from tokenmill.config import KVTransferConfig
 from tokenmill.kv.connector.carriers import TransferError, shm_available
 from tokenmill.kv.connector.client import PulledBlocks, pull_blocks
 from tokenmill.kv.connector.params import KVTransferParams
-from tokenmill.kv.connector.producer import served_blocks
+from tokenmill.kv.connector.producer import prompt_block_hashes, served_blocks
 from tokenmill.kv.connector.stats import KVTransferStats
-from tokenmill.kv.hashing import block_hashes
 from tokenmill.kv.manager import KVCacheManager
 from tokenmill.request import Request
 
@@ -50,7 +50,12 @@ class LoadResult:
 
 
 def is_local_endpoint(endpoint: str) -> bool:
-    host = urlsplit(endpoint).hostname or ""
+    return _is_local_host(urlsplit(endpoint).hostname or "")
+
+
+@functools.lru_cache(maxsize=256)
+def _is_local_host(host: str) -> bool:
+    """Loopback or one of this host's addresses (resolved once per host, not per request)."""
     if host == "localhost":
         return True
     try:
@@ -91,7 +96,7 @@ class KVConsumer:
     def park(self, request: Request, params: KVTransferParams) -> None:
         bs = self.kv.block_size
         n = served_blocks(request.num_prompt_tokens, bs)
-        hashes = block_hashes(request.prompt_token_ids[: n * bs], bs, request.cache_salt)
+        hashes = prompt_block_hashes(request, bs)[:n]
         local = 0
         while local < n and self.kv.pool.lookup(hashes[local]) is not None:
             local += 1  # already here: only the rest travels

@@ -27,6 +27,15 @@ logger = logging.getLogger(__name__)
 _ENDED_KEPT = 4096  # ended transfer ids remembered, to answer late pulls
 
 
+def prompt_block_hashes(request: Request, block_size: int) -> list[BlockHash]:
+    """The prompt's full-block hashes, kept on the request: the KV manager extends the same
+    list when it looks the request up, so the prompt is hashed once."""
+    request.block_hashes = block_hashes(
+        request.prompt_token_ids, block_size, request.cache_salt, request.block_hashes
+    )
+    return request.block_hashes
+
+
 def served_blocks(num_prompt_tokens: int, block_size: int) -> int:
     """Full prompt blocks a decode worker can use: it always computes the last prompt token."""
     return max(0, (num_prompt_tokens - 1) // block_size)
@@ -73,10 +82,7 @@ class KVProducer:
             if tid in self.active or tid in self.ended:
                 raise ValueError(f"kv_transfer_params.transfer_id: {tid!r} is already in use")
             n = served_blocks(request.num_prompt_tokens, self.block_size)
-            hashes = block_hashes(
-                request.prompt_token_ids[: n * self.block_size], self.block_size,
-                request.cache_salt,
-            )  # fmt: skip
+            hashes = prompt_block_hashes(request, self.block_size)[:n]
             self.active[tid] = OutboundTransfer(tid, request, hashes)
             self.by_request[request.request_id] = tid
             if tid in self.early_releases:
