@@ -6,6 +6,14 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 
+def bound_to(endpoint: str, host: str) -> str:
+    """A ZMQ endpoint as a peer reaches it: a wildcard bind address (how a replica binds)
+    means the replica's own host."""
+    for wildcard in ("://*:", "://0.0.0.0:", "://[::]:"):
+        endpoint = endpoint.replace(wildcard, f"://{host}:")
+    return endpoint
+
+
 @dataclass(frozen=True)
 class ReplicaSpec:
     """`URL[,EVENTS[,REPLAY]]`, e.g. `http://10.0.0.5:8001,tcp://*:5557,tcp://*:5558`.
@@ -30,7 +38,7 @@ class ReplicaSpec:
         def endpoint(i: int) -> str | None:
             if len(parts) <= i or not parts[i]:
                 return None
-            return parts[i].replace("://*:", f"://{host}:").replace("://0.0.0.0:", f"://{host}:")
+            return bound_to(parts[i], host)
 
         return cls(url, endpoint(1), endpoint(2))
 
@@ -70,10 +78,7 @@ class Replica:
         self.role = role if role in ("prefill", "decode") else "both"
         endpoint = kv.get("endpoint")
         if isinstance(endpoint, str) and endpoint.startswith("tcp://") and len(endpoint) < 300:
-            host = urlsplit(self.url).hostname or "127.0.0.1"
-            for wildcard in ("://*:", "://0.0.0.0:", "://[::]:"):
-                endpoint = endpoint.replace(wildcard, f"://{host}:")
-            self.kv_endpoint = endpoint
+            self.kv_endpoint = bound_to(endpoint, urlsplit(self.url).hostname or "127.0.0.1")
         else:
             self.kv_endpoint = None
         stats = info.get("kv_transfer_stats")
