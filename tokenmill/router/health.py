@@ -50,7 +50,7 @@ async def check_replica(router: Router, client: httpx.AsyncClient, r: Replica,
 async def health_loop(router: Router, client: httpx.AsyncClient, timeout_s: float = 5.0) -> None:
     while True:
         await asyncio.gather(
-            *(check_replica(router, client, r, timeout_s) for r in router.replicas.values()),
+            *(check_replica(router, client, r, timeout_s) for r in list(router.replicas.values())),
             return_exceptions=True,
         )
         await asyncio.sleep(router.config.health_interval_s)

@@ -76,6 +76,10 @@ class LoadTracker:
             if load.active[h] <= 0:
                 del load.active[h]
 
+    def forget(self, replica: str) -> None:
+        """The replica left; late `finish` calls for its bookings are no-ops."""
+        self._loads.pop(replica, None)
+
     # ------------------------------------------------------------ reads
 
     def pending_prefill(self, replica: str, now: float | None = None) -> float:

@@ -58,6 +58,7 @@ class Replica:
     info: dict = field(default_factory=dict)
     last_error: str | None = None
     ever_healthy: bool = False
+    draining: bool = False  # leaving: no new requests
     role: str = "both"  # prefill / decode / both (its /server_info says)
     kv_endpoint: str | None = None  # a prefill worker's KV block server
     kv_transfer_stats: dict = field(default_factory=dict)  # its counters, last seen

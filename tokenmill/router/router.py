@@ -71,6 +71,7 @@ class Router:
         self.approx = ApproxIndex()
         self.loads = LoadTracker(config.booking_ttl_s)
         self.subscribers: dict[str, EventSubscriber] = {}
+        self._events_on = False
         self._turn = 0
         # the latest decisions, newest last (what the debug decision log would print)
         self.recent: deque[dict] = deque(maxlen=RECENT_DECISIONS)
@@ -79,15 +80,20 @@ class Router:
     # ------------------------------------------------------------ events
 
     def start_events(self) -> None:
+        self._events_on = True
         for r in self.replicas.values():
-            if r.spec.events and r.name not in self.subscribers:
-                sub = EventSubscriber(
-                    r.name, self.index, r.spec.events, r.spec.replay, self.config.replay_timeout_s
-                )
-                self.subscribers[r.name] = sub
-                sub.start()
+            self._subscribe(r)
+
+    def _subscribe(self, r: Replica) -> None:
+        if self._events_on and r.spec.events and r.name not in self.subscribers:
+            sub = EventSubscriber(
+                r.name, self.index, r.spec.events, r.spec.replay, self.config.replay_timeout_s
+            )
+            self.subscribers[r.name] = sub
+            sub.start()
 
     def stop_events(self) -> None:
+        self._events_on = False
         for sub in self.subscribers.values():
             sub.stop()
         self.subscribers.clear()
@@ -99,10 +105,47 @@ class Router:
             return "none"
         return sub.state
 
+    # ------------------------------------------------------------ membership
+
+    def add_replica(self, spec: ReplicaSpec) -> Replica:
+        """A replica joins (cluster discovery): unhealthy until its first health check, its
+        index built from a full replay of its events."""
+        if spec.name in self.replicas:
+            raise ValueError(f"replica: {spec.url} is already routed to")
+        r = self.replicas[spec.name] = Replica(spec)
+        self._subscribe(r)
+        logger.warning("replica %s joined", r.name)
+        return r
+
+    def drain(self, name: str) -> None:
+        """No new requests for the replica; those in flight go on (see `in_flight`)."""
+        r = self.replicas.get(name)
+        if r is not None and not r.draining:
+            r.draining = True
+            logger.warning("replica %s draining (%d in flight)", name, self.in_flight(name))
+
+    def in_flight(self, name: str) -> int:
+        return self.loads.in_flight(name)
+
+    def remove_replica(self, name: str) -> None:
+        """The replica leaves: its subscriber stops and its index entries are purged."""
+        r = self.replicas.pop(name, None)
+        if r is None:
+            return
+        sub = self.subscribers.pop(name, None)
+        if sub is not None:
+            sub.stop()
+        dropped = self.index.disable(name)
+        self.approx.clear(name)
+        self.loads.forget(name)
+        logger.warning("replica %s left; dropped %d index blocks", name, dropped)
+
     # ------------------------------------------------------------ health
 
     def mark_up(self, name: str, info: dict) -> None:
-        r = self.replicas[name]
+        r = self.replicas.get(name)
+        if r is None:
+            return  # removed while its health check ran
         engine = info.get("engine") if isinstance(info, dict) else None
         engine = engine if isinstance(engine, dict) else {}
         pid = engine.get("pid")
@@ -128,7 +171,9 @@ class Router:
 
     def mark_down(self, name: str, reason: str) -> None:
         """No more traffic; its index entries go (they come back by resync on rejoin)."""
-        r = self.replicas[name]
+        r = self.replicas.get(name)
+        if r is None:
+            return
         r.last_error = reason
         if not r.healthy:
             return
@@ -139,7 +184,8 @@ class Router:
         logger.warning("replica %s is down (%s); dropped %d index blocks", name, reason, dropped)
 
     def healthy(self) -> list[Replica]:
-        return [r for r in self.replicas.values() if r.healthy]
+        """Replicas that take new requests (healthy, not draining)."""
+        return [r for r in self.replicas.values() if r.healthy and not r.draining]
 
     # ------------------------------------------------------------ decisions
 
@@ -276,6 +322,7 @@ class Router:
                     "name": r.name,
                     "url": r.url,
                     "healthy": r.healthy,
+                    "draining": r.draining,
                     "last_error": r.last_error,
                     "block_size": r.block_size,
                     "pid": r.pid,
@@ -292,13 +339,13 @@ class Router:
                     "kv_endpoint": r.kv_endpoint,
                     "kv_transfer": r.kv_transfer_stats or None,
                 }
-                for r in self.replicas.values()
+                for r in list(self.replicas.values())
             ],
         }
 
     def _collect(self, m: RouterMetrics) -> None:
         now = time.monotonic()
-        for r in self.replicas.values():
+        for r in list(self.replicas.values()):
             m.healthy.labels(r.name).set(1 if r.healthy else 0)
             m.in_flight.labels(r.name).set(self.loads.in_flight(r.name))
             m.pending_prefill.labels(r.name).set(self.loads.pending_prefill(r.name, now))
