@@ -175,14 +175,25 @@ def config_commands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argum
     }
 
 
+def cluster_subcommand(argv: list[str]) -> list[str]:
+    """`cluster scale ...` is the `cluster-scale` command (`cluster` keeps `--config`)."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] == "--log-level" else 1  # the only global option with a value
+    if argv[i : i + 2] == ["cluster", "scale"]:
+        return [*argv[:i], "cluster-scale", *argv[i + 2 :]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     from tokenmill.engine.startup import StartupProfile
 
     profile = StartupProfile("api")  # from the moment the process was created
     profile.mark("interpreter")
     parser = build_parser()
+    argv = cluster_subcommand(sys.argv[1:] if argv is None else list(argv))
     try:
-        argv = expand_config(sys.argv[1:] if argv is None else list(argv), config_commands(parser))
+        argv = expand_config(argv, config_commands(parser))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

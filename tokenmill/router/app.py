@@ -8,7 +8,7 @@ import logging
 import uuid
 from collections.abc import Awaitable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -27,6 +27,9 @@ from tokenmill.ui.router_source import RouterSource
 from tokenmill.ui.routes import add_ui_routes
 from tokenmill.ui.sampler import Sampler
 from tokenmill.ui.static_files import StaticUI
+
+if TYPE_CHECKING:
+    from tokenmill.cluster.manager import ClusterManager
 
 logger = logging.getLogger("tokenmill.router")
 
@@ -88,11 +91,13 @@ def build_router_app(
     api_key: str | None = None,
     protect_metrics: bool = False,
     gateway_config: str | None = None,
+    cluster: ClusterManager | None = None,
 ) -> FastAPI:
     """`transport` replaces the network to the replicas (tests). With `api_key`, clients
     need it, and the router presents it to the replicas (one key for the cluster). With
     `gateway_config`, clients present gateway keys instead (the replicas still get
-    `api_key`)."""
+    `api_key`). With `cluster`, the router follows its workers as they join, restart and
+    leave, and serves `/cluster` and `/cluster/scale`."""
     config = router.config
     admission = Admission(config.max_in_flight, config.max_queue, config.queue_timeout_s)
     holder: dict[str, Any] = {}
@@ -119,7 +124,7 @@ def build_router_app(
         def suspect(name: str) -> None:
             """At most one check per replica at a time: a burst of failed requests on one
             replica asks once, not once each."""
-            if name in checks:
+            if name in checks or name not in router.replicas:
                 return
             task = asyncio.get_running_loop().create_task(
                 check_replica(router, client, router.replicas[name], timeout_s=2.0)
@@ -130,12 +135,16 @@ def build_router_app(
         holder["proxy"] = Proxy(router, client, suspect, api_key)
         router.start_events()
         task = asyncio.create_task(health_loop(router, client))
+        tasks = [task]
+        if cluster is not None:
+            cluster.attach(router)
+            tasks.append(asyncio.create_task(cluster.run()))
         sampler.start()
         try:
             yield
         finally:
             await sampler.stop()
-            pending = [task, *checks.values()]
+            pending = [*tasks, *checks.values()]
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -160,6 +169,11 @@ def build_router_app(
         )
     # the pages load without a key, their data needs one
     app.add_middleware(StaticUI, key_required=gateway_config is not None or api_key is not None)
+
+    if cluster is not None:
+        from tokenmill.cluster.routes import add_cluster_routes
+
+        add_cluster_routes(app, cluster)
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError):

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,9 +70,11 @@ def start_replica(
     host: str = "127.0.0.1",
     log_level: str = "WARNING",
     api_key: str | None = None,
+    prefix: Sequence[str] = (),
 ) -> ReplicaProcess:
     """With `api_key`, the replica requires it; it goes through the environment (argv is
-    visible to every user in `ps`)."""
+    visible to every user in `ps`). `prefix` comes before the command (a wrapper that
+    execs it)."""
     port, events, replay = free_port(host), free_port(host), free_port(host)
     spec = ReplicaSpec(f"http://{host}:{port}", f"tcp://{host}:{events}", f"tcp://{host}:{replay}")
     cmd = [
@@ -88,8 +91,9 @@ def start_replica(
         env[API_KEY_ENV] = api_key
     with open(log_path, "w") as log:  # the process has its own copy
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+            [*prefix, *cmd], stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
     return ReplicaProcess(proc, spec, log_path)
 
 

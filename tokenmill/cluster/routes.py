@@ -1,0 +1,50 @@
+"""The router's cluster control: `GET /cluster` (workers, their state and nodes) and
+`POST /cluster/scale` (what `tokenmill cluster scale` calls), behind the router's key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from tokenmill.cluster.manager import ClusterManager
+from tokenmill.server.errors import APIError
+
+SCALE_FIELDS = {"replicas": "both", "prefill": "prefill", "decode": "decode"}
+
+
+def scale_targets(body: Any) -> dict[str, int]:
+    """`{"replicas": N}` and/or `{"prefill": N, "decode": M}` -> {role: count}."""
+    if not isinstance(body, dict) or not body or set(body) - set(SCALE_FIELDS):
+        raise APIError(400, f"scale: give one or more of {sorted(SCALE_FIELDS)}", param="body")
+    out = {}
+    for field, role in SCALE_FIELDS.items():
+        if field in body:
+            n = body[field]
+            if type(n) is not int or not 0 <= n <= 1024:
+                raise APIError(400, f"{field}: must be an integer in 0..1024", param=field)
+            out[role] = n
+    return out
+
+
+def add_cluster_routes(app: FastAPI, manager: ClusterManager) -> None:
+    @app.get("/cluster")
+    async def cluster_info():
+        return {"launcher": manager.launcher.name, "workers": manager.describe()}
+
+    @app.post("/cluster/scale")
+    async def cluster_scale(request: Request):
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        targets = scale_targets(body)
+        results = []
+        for role, n in targets.items():
+            try:
+                results.append(await manager.scale(role, n))
+            except ValueError as e:
+                raise APIError(400, str(e), param="body") from None
+            except RuntimeError as e:
+                raise APIError(500, str(e), "server_error", code="scale_failed") from None
+        return {"scaled": results, "workers": manager.describe()}
