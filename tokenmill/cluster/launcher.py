@@ -44,6 +44,7 @@ class WorkerState:
     pid: int | None = None  # of the process that owns the engine (actor or serve process)
     restarts: int = 0
     error: str | None = None
+    node_id: str | None = None  # the launcher's id of the node (Ray's), if any
 
 
 class WorkerHandle(ABC):

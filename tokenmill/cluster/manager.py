@@ -191,7 +191,7 @@ class ClusterManager:
             s = self.states.get(w.id) or WorkerState("starting")
             out.append({
                 "id": w.id, "role": w.request.role, "status": s.status,
-                "url": s.spec.url if s.spec else None, "node": s.node, "pid": s.pid,
+                "url": s.spec.url if s.spec else None, "node": s.node, "node_id": s.node_id, "pid": s.pid,
                 "restarts": s.restarts, "error": s.error, "leaving": w.id in self.leaving,
                 "replica": self.bound.get(w.id, (None,))[0],
             })  # fmt: skip

@@ -36,6 +36,7 @@ class ServeActor:
         """Returns once the server answers /health (Ray marks the actor alive then)."""
         t0 = time.monotonic()
         self.host = host or node_address()
+        self.node_id = node_id()
         self.incarnation = uuid.uuid4().hex
         self.log_dir = Path(tempfile.gettempdir()) / "tokenmill-workers"
         self.stopping = False
@@ -79,6 +80,7 @@ class ServeActor:
             "replay": p.spec.replay,
             "incarnation": self.incarnation,
             "node": self.host,
+            "node_id": self.node_id,
             "pid": os.getpid(),
             "serve_pid": p.proc.pid,
             "log": str(p.log_path),
@@ -93,6 +95,16 @@ class ServeActor:
 
     def log_tail(self, n: int = 3000) -> str:
         return self.process.log_tail(n) if self.process else ""
+
+
+def node_id() -> str | None:
+    """Ray's id of this node (several nodes can share an address: one machine, tests)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return None
 
 
 def node_address() -> str:

@@ -63,7 +63,10 @@ class RayWorker(WorkerHandle):
             waiting = "restarting" if restarts else "starting"
             return WorkerState(waiting, node=node, pid=pid, restarts=restarts)
         spec = ReplicaSpec(info["url"], info["events"], info["replay"])
-        return WorkerState("ready", spec, info["incarnation"], info["node"], info["pid"], restarts)
+        return WorkerState(
+            "ready", spec, info["incarnation"], info["node"], info["pid"], restarts,
+            node_id=info.get("node_id"),
+        )  # fmt: skip
 
     def _current_info(self, restarts: int) -> dict | None:
         """The actor's endpoints for this incarnation, once it answered (waits <= 0.2 s)."""
