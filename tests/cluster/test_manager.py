@@ -155,3 +155,14 @@ def test_scale_body_is_checked():
                 {"workers": 2}, {"replicas": 10**6}):  # fmt: skip
         with pytest.raises(APIError):
             scale_targets(bad)
+
+
+def test_a_ray_prefill_worker_binds_its_kv_server_on_the_node_address():
+    from tokenmill.cluster.ray_actor import reachable
+
+    prefill = WorkerRequest("prefill", ("--max-num-seqs", "4")).serve_argv()
+    assert reachable(prefill, "10.0.0.7")[-2:] == ["--kv-transfer-endpoint", "tcp://10.0.0.7:0"]
+    given = [*prefill, "--kv-transfer-endpoint", "tcp://10.0.0.7:7001"]
+    assert reachable(given, "10.0.0.7") == given
+    decode = WorkerRequest("decode").serve_argv()
+    assert reachable(decode, "10.0.0.7") == decode

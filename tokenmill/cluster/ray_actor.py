@@ -45,7 +45,7 @@ class ServeActor:
         self.process: ReplicaProcess | None = None
         # PR_SET_PDEATHSIG fires when the *thread* that forked the server ends: this one
         # lives exactly as long as the server
-        args = (argv, threads, log_level, api_key)
+        args = (reachable(argv, self.host), threads, log_level, api_key)
         threading.Thread(target=self._own, args=args, name="serve", daemon=True).start()
         self._started.wait()
         if self.process is None:
@@ -95,6 +95,17 @@ class ServeActor:
 
     def log_tail(self, n: int = 3000) -> str:
         return self.process.log_tail(n) if self.process else ""
+
+
+def reachable(argv: list[str], host: str) -> list[str]:
+    """A prefill worker's KV block server on the node's address (the default binds
+    127.0.0.1: decode workers on other nodes could not load from it), unless set."""
+    if "prefill" not in argv or "--kv-transfer-endpoint" in argv:
+        return argv
+    i = argv.index("--role") if "--role" in argv else -1
+    if i < 0 or argv[i + 1 : i + 2] != ["prefill"]:
+        return argv
+    return [*argv, "--kv-transfer-endpoint", f"tcp://{host}:0"]
 
 
 def node_id() -> str | None:
