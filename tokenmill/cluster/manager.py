@@ -42,6 +42,7 @@ class ClusterManager:
         self.leaving: set[str] = set()
         self.states: dict[str, WorkerState] = {}
         self._scaling = asyncio.Lock()
+        self._syncing = asyncio.Lock()  # one round at a time: a stale one must not apply
 
     # ------------------------------------------------------------ start, stop
 
@@ -90,12 +91,13 @@ class ClusterManager:
             await asyncio.sleep(self.interval_s)
 
     async def sync(self) -> None:
-        workers = list(self.workers)
-        states = await asyncio.to_thread(lambda: {w.id: w.state() for w in workers})
-        self.states.update(states)
-        for w in workers:
-            if w in self.workers and w.id not in self.leaving:
-                self.apply(w, states[w.id])
+        async with self._syncing:
+            workers = list(self.workers)
+            states = await asyncio.to_thread(lambda: {w.id: w.state() for w in workers})
+            self.states.update(states)
+            for w in workers:
+                if w in self.workers and w.id not in self.leaving:
+                    self.apply(w, states[w.id])
 
     def apply(self, w: WorkerHandle, s: WorkerState) -> None:
         router = self.router
