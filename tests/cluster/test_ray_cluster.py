@@ -127,7 +127,8 @@ def ray_cluster(tmp_path_factory) -> Iterator[RayTokenmill]:
         c = RayTokenmill(proc, f"http://127.0.0.1:{port}", log_path, reference)
         t1 = time.monotonic()
         c.wait(lambda: c.serving(2), 240, "2 Ray replicas serving")
-        print(f"tokenmill cluster --ray: 2 replicas serving in {time.monotonic() - t1:.1f}s")
+        print(f"tokenmill cluster --ray: 2 replicas serving in {time.monotonic() - t1:.1f}s "
+              f"(actors ready in {[w['ready_s'] for w in c.workers()]} s)")  # fmt: skip
         yield c
     finally:
         if proc is not None and proc.poll() is None:
@@ -297,6 +298,7 @@ def test_a_killed_replica_actor_is_restarted_and_rejoins(ray_cluster):
     assert len(bad) <= 16, bad  # only what was running on the killed replica
     assert_matches_reference(c, outcomes)
     w = next(w for w in c.workers() if w["id"] == victim["id"])
+    print(f"restarted actor ready in {w['ready_s']} s")
     restarted = w["replica"]
     # the restarted replica takes requests again (its index rebuilt from its events)
     served = {asyncio.run(_single(c.url, i, stream=False)).replica for i in range(12)}

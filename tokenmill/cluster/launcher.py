@@ -45,6 +45,7 @@ class WorkerState:
     restarts: int = 0
     error: str | None = None
     node_id: str | None = None  # the launcher's id of the node (Ray's), if any
+    ready_s: float | None = None  # from its (re)start until it served
 
 
 class WorkerHandle(ABC):

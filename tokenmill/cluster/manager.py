@@ -194,7 +194,7 @@ class ClusterManager:
             out.append({
                 "id": w.id, "role": w.request.role, "status": s.status,
                 "url": s.spec.url if s.spec else None, "node": s.node, "node_id": s.node_id, "pid": s.pid,
-                "restarts": s.restarts, "error": s.error, "leaving": w.id in self.leaving,
+                "restarts": s.restarts, "ready_s": s.ready_s, "error": s.error, "leaving": w.id in self.leaving,
                 "replica": self.bound.get(w.id, (None,))[0],
             })  # fmt: skip
         return out

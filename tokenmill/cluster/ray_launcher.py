@@ -65,7 +65,7 @@ class RayWorker(WorkerHandle):
         spec = ReplicaSpec(info["url"], info["events"], info["replay"])
         return WorkerState(
             "ready", spec, info["incarnation"], info["node"], info["pid"], restarts,
-            node_id=info.get("node_id"),
+            node_id=info.get("node_id"), ready_s=info.get("ready_s"),
         )  # fmt: skip
 
     def _current_info(self, restarts: int) -> dict | None:
