@@ -79,7 +79,7 @@ def test_rejoin_under_the_same_address_starts_from_an_empty_index():
 
 
 def test_subscribers_follow_membership():
-    router = Router(RouterConfig(), [spec(9000, events=True)])
+    router = Router(RouterConfig(replay_timeout_s=0.1), [spec(9000, events=True)])
     router.start_events()
     try:
         assert set(router.subscribers) == {"127.0.0.1:9000"}
