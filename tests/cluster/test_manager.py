@@ -166,3 +166,16 @@ def test_a_ray_prefill_worker_binds_its_kv_server_on_the_node_address():
     assert reachable(given, "10.0.0.7") == given
     decode = WorkerRequest("decode").serve_argv()
     assert reachable(decode, "10.0.0.7") == decode
+
+
+def test_without_ray_the_ray_path_says_how_to_get_it(monkeypatch):
+    import sys
+
+    from tokenmill.cluster.ray_config import RayConfig
+    from tokenmill.cluster.ray_launcher import RayLauncher
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(ValueError, match=r"pip install 'tokenmill\[ray\]'"):
+        RayLauncher(RayConfig())
+    with pytest.raises(ValueError, match="strategy"):
+        RayConfig(strategy="RANDOM")

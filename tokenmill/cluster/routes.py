@@ -1,5 +1,6 @@
 """The router's cluster control: `GET /cluster` (workers, their state and nodes) and
-`POST /cluster/scale` (what `tokenmill cluster scale` calls), behind the router's key."""
+`POST /cluster/scale` (what `tokenmill cluster scale` calls), behind the router's key;
+with a gateway in front, scaling takes its admin key (client keys only read)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ def add_cluster_routes(app: FastAPI, manager: ClusterManager) -> None:
 
     @app.post("/cluster/scale")
     async def cluster_scale(request: Request):
+        gateway = getattr(request.app.state, "gateway", None)
+        if gateway is not None:
+            from tokenmill.gateway.admin import is_admin
+
+            if not is_admin(gateway, request.headers.get("authorization", "").encode("latin-1")):
+                raise APIError(403, "scaling needs the gateway's admin key", code="admin_only")
         try:
             body = await request.json()
         except ValueError:

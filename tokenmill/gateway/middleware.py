@@ -1,7 +1,8 @@
 """The gateway as pure ASGI middleware, the same in front of the server and the router:
 open paths pass; /admin and /v1/usage are answered here; every other path needs a live key
 (401 otherwise, in the OpenAI envelope); generation requests go through an Exchange. The web
-UI's data (/ui/api/...) also takes the admin key, so its dashboard can show the admin API."""
+UI's data (/ui/api/...) also takes the admin key, so its dashboard can show the admin API,
+and so does a router's cluster control (/cluster...)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ class GatewayMiddleware:
         if state.problem is not None:
             if path == "/v1/usage" and is_admin(gw, header):
                 return await self.admin(scope, receive, send)
-            if path.startswith("/ui/api/") and is_admin(gw, header):  # the dashboard's data
+            admin_too = path.startswith(("/ui/api/", "/cluster/")) or path == "/cluster"
+            if admin_too and is_admin(gw, header):  # dashboard data, the router's cluster control
                 return await self.app(scope, receive, send)
             gw.metrics.unauthorized.labels(state.problem).inc()
             return await _unauthorized(send, _MESSAGES[state.problem])
