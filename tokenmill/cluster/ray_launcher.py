@@ -24,7 +24,7 @@ AUTO_OBJECT_STORE = 128 << 20  # workers pass no objects through Ray: keep it sm
 Slot = tuple[Any, int]  # (placement group, bundle index)
 
 
-def import_ray():
+def import_ray() -> Any:
     try:
         import ray
     except ImportError as e:
@@ -33,7 +33,9 @@ def import_ray():
 
 
 class RayWorker(WorkerHandle):
-    def __init__(self, id: str, request: WorkerRequest, actor, slot: Slot, launcher: RayLauncher):
+    def __init__(
+        self, id: str, request: WorkerRequest, actor: Any, slot: Slot, launcher: RayLauncher
+    ) -> None:
         self.id = id
         self.request = request
         self.actor = actor

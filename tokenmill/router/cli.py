@@ -10,10 +10,15 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenmill.router.config import POLICIES, CostWeights, GuardConfig, RouterConfig
 from tokenmill.router.disagg import DISAGG_MODES, DisaggConfig
 from tokenmill.router.replicas import ReplicaSpec
+
+if TYPE_CHECKING:
+    from tokenmill.cluster.manager import ClusterManager
+    from tokenmill.cluster.ray_config import RayConfig
 
 logger = logging.getLogger("tokenmill.router")
 
@@ -183,7 +188,7 @@ def add_ray_args(c: argparse.ArgumentParser) -> None:
                    metavar="S")  # fmt: skip
 
 
-def ray_config(args: argparse.Namespace):
+def ray_config(args: argparse.Namespace) -> RayConfig:
     from tokenmill.cluster.ray_config import RayConfig
 
     return RayConfig(
@@ -196,7 +201,7 @@ def ray_config(args: argparse.Namespace):
 def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None, host: str,
                port: int, log_decisions: bool = False, api_key: str | None = None,
                protect_metrics: bool = False, gateway_config: str | None = None,
-               cluster=None) -> int:  # fmt: skip
+               cluster: ClusterManager | None = None) -> int:  # fmt: skip
     import uvicorn
 
     from tokenmill.router.app import build_router_app
