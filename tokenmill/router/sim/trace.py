@@ -18,8 +18,8 @@ from pathlib import Path
 @dataclass(frozen=True)
 class TraceConfig:
     replicas: int = 16
-    duration_s: float = 300.0  # sessions start within this window
-    session_rate: float = 0.1  # sessions per second per replica
+    duration_s: float = 90.0  # the trace's window: no request is planned after it
+    session_rate: float = 0.25  # sessions per second per replica
     families_per_replica: float = 0.5  # system-prompt families, at least min_families
     min_families: int = 4
     family_skew: float = 1.0  # Zipf exponent of family popularity
@@ -28,7 +28,7 @@ class TraceConfig:
     max_turns: int = 8
     user_tokens: tuple[int, int] = (30, 300)
     output_tokens: tuple[int, int] = (30, 200)
-    think_s: float = 20.0  # mean gap between two turns of a session
+    think_s: float = 10.0  # mean gap between two turns of a session
     vocab: int = 49152
     seed: int = 0
 
@@ -101,7 +101,8 @@ def generate(config: TraceConfig) -> Trace:
         for turn in range(turns):
             user = rng.randint(*config.user_tokens)
             out = rng.randint(*config.output_tokens)
-            rows.append(TraceRequest(round(at, 6), session, turn, family, user, out))
+            if at < config.duration_s:
+                rows.append(TraceRequest(round(at, 6), session, turn, family, user, out))
             at += rng.expovariate(1 / config.think_s)
         session += 1
     rows.sort(key=lambda r: (r.t, r.session, r.turn))
