@@ -95,10 +95,11 @@ class LoadTracker:
 
     def active_blocks(self, replica: str, extra: tuple[int, ...] = ()) -> int:
         """Distinct active blocks (+ one tail per request), with `extra` hashes added."""
+        distinct = set(extra)
         load = self._loads.get(replica)
         if load is None:
-            return len(set(extra))
-        new = sum(1 for h in set(extra) if h not in load.active)
+            return len(distinct)
+        new = len(distinct) - len(load.active.keys() & distinct)  # set ops run in C
         return len(load.active) + len(load.bookings) + new
 
     def in_flight(self, replica: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from urllib.parse import urlsplit
 
 
@@ -42,8 +43,8 @@ class ReplicaSpec:
 
         return cls(url, endpoint(1), endpoint(2))
 
-    @property
-    def name(self) -> str:
+    @cached_property
+    def name(self) -> str:  # parsed once: the router reads it per candidate per decision
         u = urlsplit(self.url)
         return f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"
 

@@ -6,7 +6,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tokenmill.router.approx import ApproxIndex
@@ -57,8 +57,10 @@ class Router:
         config: RouterConfig,
         specs: Iterable[ReplicaSpec],
         metrics: RouterMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self.clock = clock  # monotonic seconds; the simulator passes its own time
         self.metrics = metrics or RouterMetrics()
         self.replicas: dict[str, Replica] = {}
         for spec in specs:
@@ -190,7 +192,7 @@ class Router:
     # ------------------------------------------------------------ decisions
 
     def candidates(self, key: RequestKey | None, replicas: list[Replica]) -> list[Candidate]:
-        now = time.monotonic()
+        now = self.clock()
         out = []
         for r in replicas:
             if key is None:
@@ -235,14 +237,15 @@ class Router:
         chosen, reason = choose(self.config.policy, cands, self.config.guard, self._turn, session)
         replica = self.replicas[chosen.replica]
         hashes = key.hashes(replica.block_size) if key else ()
-        booking = self.loads.book(request_id, replica.name, hashes, chosen.new_prefill)
+        now = self.clock()
+        booking = self.loads.book(request_id, replica.name, hashes, chosen.new_prefill, now)
         if hashes:
             ttl = (
                 self.config.confirm_ttl_s
                 if self.event_state(replica.name) == "synced"
                 else self.config.approx_ttl_s
             )
-            self.approx.record(replica.name, hashes, ttl)
+            self.approx.record(replica.name, hashes, ttl, now)
         decision = Decision(replica, reason, booking, chosen, tuple(cands), attempt)
         m = self.metrics
         m.decisions.labels(self.config.policy, replica.name, reason).inc()
@@ -274,7 +277,7 @@ class Router:
             if r.role == "prefill" and r.kv_endpoint and r.info.get("max_model_len", fits + 1) > fits
         ]  # fmt: skip
         in_flight = {r.name: self.loads.in_flight(r.name) for r in pool}
-        now = time.monotonic()
+        now = self.clock()
         queued = {r.name: self.loads.pending_prefill(r.name, now) * r.block_size for r in pool}
         num_seqs = key.num_seqs if key is not None else 0
         if decision.replica.role != "decode":
@@ -294,7 +297,9 @@ class Router:
         best = min(cands, key=lambda c: c.cost)
         prefill = self.replicas[best.replica]
         hashes = key.hashes(prefill.block_size)
-        booking = self.loads.book(request_id + "/prefill", prefill.name, hashes, best.new_prefill)
+        booking = self.loads.book(
+            request_id + "/prefill", prefill.name, hashes, best.new_prefill, now
+        )
         self.metrics.kv_transfer_decisions.labels("remote", code).inc()
         out = DisaggDecision(True, why, uncached, prefill, booking, new_transfer_id())
         self._log_disagg(request_id, decision, out)
@@ -314,7 +319,7 @@ class Router:
     # ------------------------------------------------------------ introspection
 
     def snapshot(self) -> dict:
-        now = time.monotonic()
+        now = self.clock()
         return {
             "policy": self.config.policy,
             "replicas": [
@@ -344,7 +349,7 @@ class Router:
         }
 
     def _collect(self, m: RouterMetrics) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for r in list(self.replicas.values()):
             m.healthy.labels(r.name).set(1 if r.healthy else 0)
             m.in_flight.labels(r.name).set(self.loads.in_flight(r.name))

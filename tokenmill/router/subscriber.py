@@ -95,6 +95,16 @@ class EventSubscriber:
             self._thread.join(2)
         self._ctx.term()
 
+    def attach(self) -> None:
+        """Follows a stream from its first batch without a thread or socket: `deliver` hands
+        it each batch (a transport that loses nothing, such as the simulator's)."""
+        self.last_seq = -1  # as a full resync of an empty buffer: the next batch is 0
+        self._set_state("synced")
+
+    def deliver(self, seq: int, payload: bytes) -> None:
+        """One live batch, as if received off the socket."""
+        self._on_live(seq, payload)
+
     def _set_state(self, state: str) -> None:
         if state != self.state:
             logger.info("kv events of %s: %s -> %s", self.replica, self.state, state)
