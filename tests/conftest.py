@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
 import os
 
@@ -41,6 +43,24 @@ def hf_model():
     from tokenmill.model.embedded import embedded_model_path
 
     path = embedded_model_path()
-    return AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    with _memoized_gguf_reads():
+        return AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).eval()
+
+
+@contextlib.contextmanager
+def _memoized_gguf_reads():
+    """transformers' GGUF loading parses the file twice with gguf-py's reader (~6 s each on
+    the 49,152-token vocabulary) and rebuilds gguf-py's tensor-name map once per tensor
+    (~8 s in all): both are pure, so while the reference loads they are computed once. The
+    weights and config are still transformers' own reading of the file."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=2)(reader)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=8)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
