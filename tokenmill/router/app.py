@@ -309,7 +309,7 @@ def build_router_app(
         app,
         sampler,
         lambda: {"kind": "router", "policy": config.policy, "version": tokenmill.__version__},
-        lambda: {**router.snapshot(), "decisions": list(router.recent)},
+        lambda: {**router.snapshot(), "decisions": router.recent_decisions()},
     )
 
     @app.post("/reset_prefix_cache")

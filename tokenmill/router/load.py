@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -93,9 +94,10 @@ class LoadTracker:
             if not b.prefilled and b.pending_until > now
         )
 
-    def active_blocks(self, replica: str, extra: tuple[int, ...] = ()) -> int:
-        """Distinct active blocks (+ one tail per request), with `extra` hashes added."""
-        distinct = set(extra)
+    def active_blocks(self, replica: str, extra: Iterable[int] = ()) -> int:
+        """Distinct active blocks (+ one tail per request), with `extra` hashes added (pass a
+        set or frozenset to spare a copy per call)."""
+        distinct = extra if isinstance(extra, (set, frozenset)) else set(extra)
         load = self._loads.get(replica)
         if load is None:
             return len(distinct)
