@@ -71,6 +71,10 @@ class Launcher(ABC):
     @abstractmethod
     def start(self, request: WorkerRequest) -> WorkerHandle: ...
 
+    def start_many(self, requests: list[WorkerRequest]) -> list[WorkerHandle]:
+        """Starts workers together (a launcher that places them as one group overrides it)."""
+        return [self.start(r) for r in requests]
+
     @abstractmethod
     def wait_ready(self, workers: list[WorkerHandle], timeout_s: float = 300.0) -> None: ...
 

@@ -50,11 +50,7 @@ class ClusterManager:
         """Starts the first workers and waits until all serve (stops them on failure);
         returns their endpoints, for the router to start with."""
         try:
-            start_many = getattr(self.launcher, "start_many", None)
-            if start_many is not None:
-                self.workers += start_many(requests)
-            else:
-                self.workers += [self.launcher.start(r) for r in requests]
+            self.workers += self.launcher.start_many(requests)
             self.launcher.wait_ready(self.workers, self.ready_timeout_s)
         except BaseException:
             self.stop_all()
@@ -139,11 +135,7 @@ class ClusterManager:
                 raise ValueError("replicas: must be >= 1")
             if n > before:
                 requests = [self.request_for(role) for _ in range(n - before)]
-                start_many = getattr(self.launcher, "start_many", None)
-                if start_many is not None:
-                    new = await asyncio.to_thread(start_many, requests)
-                else:
-                    new = [await asyncio.to_thread(self.launcher.start, r) for r in requests]
+                new = await asyncio.to_thread(self.launcher.start_many, requests)
                 self.workers += new
                 await self._until_routed(new)
             elif n < before:

@@ -126,7 +126,6 @@ def start_cluster(
     log_level: str = "WARNING",
     api_key: str | None = None,
     roles: list[str] | None = None,
-    role_argv: dict[str, list[str]] | None = None,
 ) -> list[ReplicaProcess]:
     """Starts n replicas (each with its --role, if given) and waits until all are healthy
     (stops them all on failure)."""
@@ -136,7 +135,7 @@ def start_cluster(
         for i in range(n):
             argv = engine_argv
             if roles is not None and roles[i] != "both":
-                argv = [*engine_argv, *(role_argv or {}).get(roles[i], []), "--role", roles[i]]
+                argv = [*engine_argv, "--role", roles[i]]
             replicas.append(
                 start_replica(argv, log_dir, threads, log_level=log_level, api_key=api_key)
             )
