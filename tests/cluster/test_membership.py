@@ -38,10 +38,15 @@ def test_a_replica_joins_unhealthy_then_takes_requests():
     assert picked == {"127.0.0.1:9000", "127.0.0.1:9001"}
 
 
-def test_drain_stops_new_requests_and_remove_purges_the_index():
+def two_healthy_replicas() -> Router:
     router = Router(RouterConfig(), [spec(9000), spec(9001)])
     for name in router.replicas:
         router.mark_up(name, INFO)
+    return router
+
+
+def test_drain_stops_new_requests_and_remove_purges_the_index():
+    router = two_healthy_replicas()
     k = key(1)
     stored(router, "127.0.0.1:9001", k)
     assert router.index.tiers("127.0.0.1:9001", k.hashes(16))
@@ -66,9 +71,7 @@ def test_drain_stops_new_requests_and_remove_purges_the_index():
 
 
 def test_rejoin_under_the_same_address_starts_from_an_empty_index():
-    router = Router(RouterConfig(), [spec(9000), spec(9001)])
-    for name in router.replicas:
-        router.mark_up(name, INFO)
+    router = two_healthy_replicas()
     k = key(2)
     stored(router, "127.0.0.1:9001", k)
     router.remove_replica("127.0.0.1:9001")
