@@ -75,3 +75,30 @@ async def test_with_a_gateway_scaling_needs_the_admin_key(tmp_path):
             client.post("/cluster/scale", json={"replicas": 2}, headers=admin), 10
         )
         assert r.status_code == 200 and len(manager.workers) == 2
+
+
+@pytest.mark.anyio
+async def test_hostile_scale_bodies_are_400s_and_a_scale_beside_them_completes():
+    nested: object = 1
+    for _ in range(200):
+        nested = {"replicas": nested}
+    bad_bodies = [
+        b"", b"{", b"null", b"[]", b'"replicas"', b'{"replicas": 2.0}', b'{"replicas": 1e400}',
+        b'{"replicas": -5}', b'{"replicas": 99999999999999999999}', b'{"replicas": NaN}',
+        b'{"prefill": 1, "decode": "x"}', b'{"' + b"r" * 10_000 + b'": 1}',
+        httpx.Request("POST", "/", json=nested).content, b'{"replicas": [' + b"1," * 200_000 + b"1]}",
+    ]  # fmt: skip
+    async with app_with_cluster(api_key="sk-router") as (client, manager):
+        auth = {"Authorization": "Bearer sk-router", "Content-Type": "application/json"}
+
+        async def bad(body: bytes) -> httpx.Response:
+            return await client.post("/cluster/scale", content=body, headers=auth)
+
+        good = client.post("/cluster/scale", json={"replicas": 2}, headers=auth)
+        replies = await asyncio.wait_for(asyncio.gather(good, *(bad(b) for b in bad_bodies)), 20)
+        assert replies[0].status_code == 200, replies[0].text
+        for body, r in zip(bad_bodies, replies[1:], strict=True):
+            assert r.status_code in (400, 413), (body[:40], r.status_code, r.text[:200])
+            assert set(r.json()["error"]) >= {"message", "type", "param", "code"}, r.text[:200]
+        assert len(manager.workers) == 2
+        assert (await client.get("/health")).status_code == 200
