@@ -48,6 +48,10 @@ def main() -> None:
     policies = args.policies.split(",")
     if args.trace and len(sizes) != 1:
         raise SystemExit("--trace: give one --replicas size")
+    try:
+        loaded = Trace.load(args.trace) if args.trace else None
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--trace: {e}") from None
     replica = ReplicaConfig(num_blocks=args.num_blocks)
     print(f"cost model: {replica.costs.describe()}")
     print(
@@ -61,7 +65,7 @@ def main() -> None:
         config = TraceConfig(
             replicas=n, duration_s=args.duration, session_rate=args.session_rate, seed=args.seed
         )
-        trace = Trace.load(args.trace) if args.trace else generate(config)
+        trace = loaded or generate(config)
         if args.write_trace:
             Path(args.write_trace).mkdir(parents=True, exist_ok=True)
             trace.save(Path(args.write_trace) / f"trace-{n}.jsonl")

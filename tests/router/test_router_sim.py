@@ -116,3 +116,22 @@ def test_request_key_hashes_are_the_conversation_hashes():
     key = RequestKey(tuple(prompt.token_ids), len(prompt.token_ids))
     assert key.hashes(16) == tuple(external_hash(h) for h in prompt.hashes)
     assert len(key.hashes(16)) == len(prompt.token_ids) // 16 > 0
+
+
+def test_a_malformed_trace_file_is_a_clear_error(tmp_path):
+    trace = generate(TraceConfig(replicas=2, duration_s=5, seed=3))
+    good = tmp_path / "trace.jsonl"
+    trace.save(good)
+    assert Trace.load(good) == trace
+    lines = good.read_text().splitlines()
+    for name, text in {
+        "empty": "",
+        "not json": "garbage\n",
+        "no head": lines[1] + "\n",
+        "bad row": lines[0] + "\n" + '{"t": 1}\n',
+        "wrong type": lines[0] + "\n[1, 2]\n",
+    }.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(text)
+        with pytest.raises(ValueError, match="not a router_sim trace"):
+            Trace.load(path)

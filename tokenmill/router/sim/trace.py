@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 
@@ -73,11 +73,20 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        with open(path) as f:
-            head = json.loads(f.readline())
-            rows = [TraceRequest(**json.loads(line)) for line in f if line.strip()]
+        """A trace `save` wrote; ValueError naming the line if it is not one."""
+        line_no = 1
+        try:
+            with open(path) as f:
+                head = json.loads(f.readline())
+                trace = cls(head["seed"], head["vocab"], tuple(head["system_tokens"]), ())
+                rows = []
+                for line_no, line in enumerate(f, start=2):  # noqa: B007 (read on error)
+                    if line.strip():
+                        rows.append(TraceRequest(**json.loads(line)))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{line_no}: not a router_sim trace ({e!r})") from None
         rows.sort(key=lambda r: (r.t, r.session, r.turn))
-        return cls(head["seed"], head["vocab"], tuple(head["system_tokens"]), tuple(rows))
+        return replace(trace, requests=tuple(rows))
 
 
 def generate(config: TraceConfig) -> Trace:
