@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-
-import torch  # noqa: F401  (loads torch's libgomp first: the kernels then share its OpenMP runtime)
 
 from tokenmill.cache_dirs import cache_root
 
@@ -43,6 +43,21 @@ def _cpu_signature() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def _load_torch_openmp() -> None:
+    """Loads the OpenMP runtime torch ships before the kernels, so both use one runtime
+    (one thread pool) whichever is loaded first. Done by path: the engine core loads the
+    kernels while it is still importing torch (model/prefetch.py)."""
+    if "torch" in sys.modules:
+        return
+    spec = importlib.util.find_spec("torch")
+    folder = Path(spec.submodule_search_locations[0]) / "lib" if spec and spec.origin else None
+    runtime = folder / "libgomp.so.1" if folder else None
+    if runtime is not None and runtime.exists():
+        ctypes.CDLL(str(runtime), mode=ctypes.RTLD_GLOBAL)  # torch's libraries find it by soname
+    else:  # a torch build with another runtime name: let torch load its own
+        import torch  # noqa: F401
 
 
 @lru_cache(maxsize=1)
@@ -78,6 +93,7 @@ def build_kernels(march: str) -> ctypes.CDLL | None:
                 logger.warning("kernel build failed, using pure torch:\n%s", proc.stderr[-2000:])
                 return None
             os.replace(out, target)  # atomic: concurrent builders never see a partial file
+    _load_torch_openmp()
     lib = ctypes.CDLL(str(target))
     _declare(lib)
     return lib
