@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import shlex
 import signal
@@ -202,6 +201,8 @@ def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None
                port: int, log_decisions: bool = False, api_key: str | None = None,
                protect_metrics: bool = False, gateway_config: str | None = None,
                cluster: ClusterManager | None = None) -> int:  # fmt: skip
+    import asyncio
+
     import uvicorn
 
     from tokenmill.router.app import build_router_app

@@ -6,10 +6,6 @@ from __future__ import annotations
 import argparse
 import time
 
-from rich.console import Console
-
-log = Console(stderr=True)
-
 
 def add_speculator_parser(sub) -> None:
     spec = sub.add_parser("speculator", help="draft heads for speculative decoding")
@@ -52,10 +48,14 @@ def add_speculator_parser(sub) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from tokenmill import LLM
     from tokenmill.spec import training as T
     from tokenmill.spec.draft_head import DraftHead
     from tokenmill.spec.draft_proposer import model_fingerprint, target_readout
+
+    log = Console(stderr=True)
 
     if not 0 < args.held_out < 1:
         raise ValueError("--held-out: a fraction in (0, 1)")
