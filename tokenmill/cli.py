@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 from collections.abc import Iterator
 
 from tokenmill.config_file import add_config_option, expand_config
@@ -175,11 +176,22 @@ def config_commands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argum
     }
 
 
-def cluster_subcommand(argv: list[str]) -> list[str]:
-    """`cluster scale ...` is the `cluster-scale` command (`cluster` keeps `--config`)."""
+def _command_index(argv: list[str]) -> int:
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         i += 2 if argv[i] == "--log-level" else 1  # the only global option with a value
+    return i
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand named in `argv` (before parsing), or None."""
+    i = _command_index(argv)
+    return argv[i] if i < len(argv) else None
+
+
+def cluster_subcommand(argv: list[str]) -> list[str]:
+    """`cluster scale ...` is the `cluster-scale` command (`cluster` keeps `--config`)."""
+    i = _command_index(argv)
     if argv[i : i + 2] == ["cluster", "scale"]:
         return [*argv[:i], "cluster-scale", *argv[i + 2 :]]
     return argv
@@ -190,8 +202,21 @@ def main(argv: list[str] | None = None) -> int:
 
     profile = StartupProfile("api")  # from the moment the process was created
     profile.mark("interpreter")
-    parser = build_parser()
     argv = cluster_subcommand(sys.argv[1:] if argv is None else list(argv))
+    early = None
+    if command_of(argv) == "serve" and threading.active_count() == 1 and sys.platform == "linux":
+        from tokenmill.engine.core_entry import EarlyEngineCore
+
+        early = EarlyEngineCore()  # imports torch while this process parses its arguments
+    try:
+        return _run(argv, profile, early)
+    finally:
+        if early is not None:
+            early.cancel()  # unless `serve` handed it its arguments
+
+
+def _run(argv: list[str], profile, early) -> int:
+    parser = build_parser()
     try:
         argv = expand_config(argv, config_commands(parser))
     except ValueError as e:
@@ -202,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     args.startup_profile = profile
+    args.early_engine_core = early
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError) as e:

@@ -124,3 +124,60 @@ def test_api_process_has_no_torch_and_the_start_up_profile_adds_up(tmp_path):
     log_text = server.log()
     assert "api start-up: wait for the engine core" in log_text
     assert "engine-core start-up: build model" in log_text
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids whose environment holds `marker` (the launched process and its children)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def wait_until_gone(marker: str, timeout: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_engine_core_forked_before_parsing_goes_away_when_serve_does_not_start(tmp_path):
+    """`serve` forks its engine core before it parses its arguments (so the core imports
+    torch meanwhile): bad arguments, a bad option value or --help end it with the parent."""
+    for i, argv in enumerate(
+        (["--no-such-option"], ["--max-num-seqs", "0"], ["--help"], ["--model", str(tmp_path)])
+    ):
+        marker = f"TOKENMILL_TEST_MARK=early-{os.getpid()}-{i}"
+        env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "tokenmill.cli", "serve", *argv],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == (0 if argv == ["--help"] else 2), (argv, done.stderr[-2000:])
+        assert time.monotonic() - started < 30, argv
+        assert wait_until_gone(marker) == [], argv
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_engine_core_goes_away_with_a_killed_server():
+    for delay in (0.0, 0.6):  # likely before, and surely after, the core has its arguments
+        marker = f"TOKENMILL_TEST_MARK=killed-{os.getpid()}-{delay}"
+        env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
+        cmd = [sys.executable, "-m", "tokenmill.cli", "serve", "--port", str(free_port())]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while len(processes_with(marker)) < 2:  # the server and its engine core
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.005)
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        assert wait_until_gone(marker) == [], delay

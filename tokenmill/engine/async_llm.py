@@ -23,7 +23,7 @@ from tokenmill.engine.core_types import EngineCoreOutputs, SchedulerStats
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.processor import InputProcessor
 from tokenmill.engine.startup import StartupProfile
-from tokenmill.model.model_files import read_model_info
+from tokenmill.model.model_files import ModelFiles, read_model_info
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
@@ -122,6 +122,7 @@ def warm_up_front_end(tokenizer, chat_template) -> None:
     not pay for it."""
     from tokenmill.inputs.chat import render_chat
 
+    tokenizer.hf  # noqa: B018  (built on first use: a broken tokenizer fails the start-up here)
     with contextlib.suppress(ValueError):  # a template that wants more than this
         _, ids = render_chat(chat_template, tokenizer, [{"role": "user", "content": "Hello"}])
         tokenizer.decode(ids)
@@ -136,22 +137,25 @@ class AsyncLLM:
         log_level: str = "INFO",
         client: EngineCoreClient | None = None,
         profile: StartupProfile | None = None,
+        model_files: ModelFiles | None = None,
     ) -> None:
         """`client`: an engine core started earlier (the server starts it first thing, so
-        that it loads the model while this process imports and reads the tokenizer)."""
+        that it loads the model while this process imports and reads the tokenizer);
+        `model_files`: the model's tokenizer and chat template, read and warmed up already."""
         self.config = config
         self.profile = profile
         self.client = client or EngineCoreClient(config, log_level)
-        files = read_model_info(config.model_config.model)
+        files = model_files or read_model_info(config.model_config.model)
         self.model_name = files.name
         self.tokenizer = files.tokenizer
         self.chat_template = files.chat_template
         self.arch = files.arch
         self.observer = observer
         self.output_processor = OutputProcessor(self.tokenizer)
-        warm_up_front_end(self.tokenizer, self.chat_template)
-        if profile is not None:
-            profile.mark("tokenizer and chat template")
+        if model_files is None:
+            warm_up_front_end(self.tokenizer, self.chat_template)
+            if profile is not None:
+                profile.mark("tokenizer and chat template")
         self.processor: InputProcessor | None = None
         self.max_model_len = 0
         self.engine_info: dict = {}

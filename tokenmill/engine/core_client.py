@@ -14,7 +14,7 @@ import zmq
 import zmq.asyncio
 
 from tokenmill.config import EngineConfig
-from tokenmill.engine.core_entry import run_engine_core
+from tokenmill.engine.core_entry import EarlyEngineCore, run_engine_core
 from tokenmill.engine.core_types import EngineCoreOutputs, EngineCoreRequest
 from tokenmill.engine.serialization import decode_outputs, encode_request, pack, unpack
 
@@ -29,22 +29,33 @@ class EngineDeadError(RuntimeError):
 
 class EngineCoreClient:
     def __init__(
-        self, config: EngineConfig, log_level: str = "INFO", start_method: str = "spawn"
+        self,
+        config: EngineConfig,
+        log_level: str = "INFO",
+        start_method: str = "spawn",
+        early: EarlyEngineCore | None = None,
     ) -> None:
         """`start_method` "fork" saves the new interpreter's start (~0.2 s): only for a
-        process that has no threads yet (`serve` right after parsing its arguments). The
+        process that has no threads yet (`serve` right after parsing its arguments).
+        `early`: a core forked before the arguments were parsed, importing meanwhile. The
         core starts before this process's ZMQ context exists (its sockets reconnect until
         these are bound)."""
         self._dir = tempfile.TemporaryDirectory(prefix="tokenmill-")
         input_addr = f"ipc://{self._dir.name}/input"
         output_addr = f"ipc://{self._dir.name}/output"
-        self.proc = mp.get_context(start_method).Process(
-            target=run_engine_core,
-            args=(config, input_addr, output_addr, log_level),
-            name="tokenmill-engine-core",
-            daemon=True,
-        )
-        self.proc.start()
+        args = (config, input_addr, output_addr, log_level)
+        if early is not None:
+            self.proc = early.proc
+            early.start(*args)
+        else:
+            self.proc = mp.get_context(start_method).Process(
+                target=run_engine_core,
+                args=args,
+                kwargs={"parent": os.getpid()},
+                name="tokenmill-engine-core",
+                daemon=True,
+            )
+            self.proc.start()
         self.ctx = zmq.asyncio.Context()
         self.input = self.ctx.socket(zmq.PUSH)
         self.input.bind(input_addr)

@@ -27,6 +27,7 @@ from tokenmill.engine.core import EngineCore, QueueFullError
 from tokenmill.engine.core_types import EngineCoreOutput, EngineCoreOutputs
 from tokenmill.engine.serialization import decode_request, encode_outputs, pack, unpack
 from tokenmill.engine.startup import StartupProfile
+from tokenmill.model.prefetch import WeightPrefetch
 
 logger = logging.getLogger(__name__)
 
@@ -165,10 +166,11 @@ class EngineCoreProc:
         raise ValueError(f"unknown utility method {method!r}")
 
 
-def exit_with_parent() -> None:
+def exit_with_parent(parent: int | None = None) -> None:
     """Ends this process when the process that started it dies: the kernel signals it
-    (Linux), and a watchdog thread checks the parent id elsewhere or if that is missed."""
-    parent = os.getppid()
+    (Linux), and a watchdog thread checks the parent id elsewhere or if that is missed.
+    `parent`: its pid, read when this process started (it may be gone by now)."""
+    parent = os.getppid() if parent is None else parent
     try:
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
@@ -193,17 +195,19 @@ def run_engine_core(
     output_addr: str,
     log_level: str = "INFO",
     profile: StartupProfile | None = None,
+    prefetch: WeightPrefetch | None = None,
+    parent_pid: int | None = None,
 ) -> None:
-    """Process entry point."""
+    """Process entry point. `parent_pid`: the API process, as seen when this one started."""
     logging.basicConfig(  # force: a forked core inherits its parent's configuration
         level=log_level, format="%(asctime)s %(levelname)s engine-core: %(message)s", force=True
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when to stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: KV event sockets close
-    exit_with_parent()
+    exit_with_parent(parent_pid)
     proc = None
     try:
-        core = EngineCore(config, profile=profile)
+        core = EngineCore(config, profile=profile, prefetch=prefetch)
         proc = EngineCoreProc(core, input_addr, output_addr)
         proc.send_ready()
         try:

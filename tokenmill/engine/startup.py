@@ -7,8 +7,10 @@ time line. Logged at debug level as they end; `/server_info` reports the whole p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -29,6 +31,14 @@ def process_start_time(pid: int | None = None) -> float | None:
         return None
 
 
+def lower_thread_priority(nice: int = 10) -> None:
+    """Start-up work off the critical path yields to it: a higher nice value for the
+    calling thread only (Linux schedules threads; threads it starts inherit the value, so
+    call it on a thread that ends with its work). Elsewhere, or refused: nothing."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
 class StartupProfile:
     """`mark(name)` ends the phase called `name` now."""
 
@@ -38,6 +48,8 @@ class StartupProfile:
         self.origin = min(origin or process_start_time() or time.time(), time.time())
         self._last = self.origin
         self.phases: list[tuple[str, float]] = []  # (name, seconds)
+        # work on other threads, overlapped with the phases (not part of their sum)
+        self.background: dict[str, float] = {}
 
     def mark(self, name: str) -> float:
         now = time.time()
@@ -58,4 +70,5 @@ class StartupProfile:
             "launched_at": round(self.origin, 3),
             "total_s": round(self.total, 3),
             "phases": [{"name": n, "seconds": round(s, 4)} for n, s in self.phases],
+            "background": {n: round(s, 4) for n, s in self.background.items()},
         }

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from tokenmill.kernels import ops
 from tokenmill.model.packed import Int8Weight, OutlierSplit, PackedStack, PackedWeight, as_float
+from tokenmill.model.prefetch import FLOAT_T, INT_DOT, WeightPrefetch
 
 # Below this many rows the native int8 kernel beats torch._int_mm (oneDNN).
 _NATIVE_INT8_MAX_ROWS = 16
@@ -123,6 +124,14 @@ class Int8Linear:
         return y if residual is None else residual.add_(y)
 
 
+def prepared(prefetch: WeightPrefetch | None, kind: str, weight: PackedWeight):
+    """What the start-up prefetch computed for `kind` on this weight's bytes, or None."""
+    if prefetch is None:
+        return None
+    got = prefetch.take(kind, weight.qtype, weight.rows, weight.cols, weight.data.numpy())
+    return None if got is None else torch.from_numpy(got)
+
+
 # Up to this many rows the packed kernel dequantizes in registers (decode); above, chunks of
 # rows are dequantized for a BLAS GEMM (measured on 576 x 1536 and 49152 x 576 weights).
 PACKED_GEMV_MAX_ROWS = 8
@@ -148,18 +157,31 @@ class PackedLinear:
     dequantized in chunks on every call."""
 
     def __init__(
-        self, weight: PackedWeight, bias: torch.Tensor | None, keep_float: bool = False
+        self,
+        weight: PackedWeight,
+        bias: torch.Tensor | None,
+        keep_float: bool = False,
+        prefetch: WeightPrefetch | None = None,
     ) -> None:
+        """`prefetch`: the start-up prefetch, which may have prepared this weight's repack
+        and float copy already (prefetch.py)."""
         self.weight = weight
         self.bias = bias.float().contiguous() if bias is not None else None
         self.chunk_rows = max(1, _DEQUANT_CHUNK_BYTES // (4 * weight.cols))
         self._scratch: torch.Tensor | None = None
         # decode rows run integer dot products on a regrouped copy where the format allows
-        self.int_dot = ops.int_dot_repack(weight) if int_dot_decode(weight) else None
+        self.int_dot = None
+        if int_dot_decode(weight):
+            self.int_dot = prepared(prefetch, INT_DOT, weight)
+            if self.int_dot is None:
+                self.int_dot = ops.int_dot_repack(weight)
         # the float32 method's layer on the same weights: batched results equal its results
         self.float_linear = None
         if keep_float:  # the native dequantizer: bit-exact with gguf's (test_native_weights)
-            self.float_linear = FloatLinear(ops.dequant_matrix_t(weight), bias, transposed=True)
+            weight_t = prepared(prefetch, FLOAT_T, weight)
+            if weight_t is None:
+                weight_t = ops.dequant_matrix_t(weight)
+            self.float_linear = FloatLinear(weight_t, bias, transposed=True)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()
@@ -213,6 +235,7 @@ class OutlierLinear:
 class FloatMethod:
     name = "float32"
     fused_decode = False  # decode steps in one native call (fused_decode.py)
+    prefetch: WeightPrefetch | None = None  # native weights prepared at start-up
 
     def __init__(self) -> None:
         self.native = ops.kernels_available()
@@ -265,8 +288,11 @@ class NativeMethod(FloatMethod):
 
     name = "native"
 
-    def __init__(self, dequant_cache_bytes: int = 0) -> None:
+    def __init__(
+        self, dequant_cache_bytes: int = 0, prefetch: WeightPrefetch | None = None
+    ) -> None:
         super().__init__()
+        self.prefetch = prefetch
         # float32 copies of packed weights for batched GEMMs, first come first served
         self.dequant_cache_left = dequant_cache_bytes
         # TOKENMILL_FUSED_DECODE=0 keeps decode steps on the per-layer path
@@ -283,7 +309,7 @@ class NativeMethod(FloatMethod):
         self, weight: torch.Tensor | PackedWeight | Int8Weight, bias: torch.Tensor | None = None
     ):
         if isinstance(weight, PackedWeight) and self.native:
-            return PackedLinear(weight, bias, self._keep_float(weight))
+            return PackedLinear(weight, bias, self._keep_float(weight), self.prefetch)
         if isinstance(weight, PackedStack) and self.native:
             return StackedPackedLinear(weight, bias, self)
         if isinstance(weight, OutlierSplit) and self.native:
@@ -318,9 +344,12 @@ def _quantize_rows_torch(x: torch.Tensor) -> QuantizedActivation:
     return torch.round(x / scale).to(torch.int8), scale
 
 
-def get_linear_method(weights: str, dequant_cache_bytes: int = 0) -> FloatMethod:
+def get_linear_method(
+    weights: str, dequant_cache_bytes: int = 0, prefetch: WeightPrefetch | None = None
+) -> FloatMethod:
     """The method for `--weights`: native, float32, bfloat16 or int8. `dequant_cache_bytes`:
-    how much float32 the native method may keep beside packed weights for batched GEMMs."""
+    how much float32 the native method may keep beside packed weights for batched GEMMs;
+    `prefetch`: native weights prepared at start-up."""
     methods = {
         "native": NativeMethod,
         "float32": FloatMethod,
@@ -330,5 +359,5 @@ def get_linear_method(weights: str, dequant_cache_bytes: int = 0) -> FloatMethod
     if weights not in methods:
         raise ValueError(f"weights: unsupported value {weights!r} (one of {list(methods)})")
     if weights == "native":
-        return NativeMethod(dequant_cache_bytes)
+        return NativeMethod(dequant_cache_bytes, prefetch)
     return methods[weights]()

@@ -14,15 +14,20 @@ from tokenmill.kernels import ops
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
 from tokenmill.model.fused_decode import FusedDecoder, decode_only
-from tokenmill.model.linear import FloatMethod
+from tokenmill.model.linear import FloatMethod, prepared
 from tokenmill.model.packed import PackedWeight, as_float, cat_rows
+from tokenmill.model.prefetch import ROWS, WeightPrefetch
 from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
 
 
-def dense_table(weight) -> torch.Tensor:
+def dense_table(weight, prefetch: WeightPrefetch | None = None) -> torch.Tensor:
     """A weight in float32; packed ones through the native dequantizer (bit-exact with
-    gguf's, and ~10x faster: 0.6 s -> 0.05 s for SmolLM2's embedding table)."""
+    gguf's, and ~10x faster: 0.6 s -> 0.05 s for SmolLM2's embedding table), or as the
+    start-up prefetch computed it."""
     if isinstance(weight, PackedWeight) and ops.kernels_available():
+        table = prepared(prefetch, ROWS, weight)
+        if table is not None:
+            return table
         return ops.dequant_matrix(weight, torch.empty(weight.rows * weight.cols))
     return as_float(weight).contiguous()
 
@@ -101,7 +106,7 @@ class LlamaForCausalLM:
         self.method = method = method or FloatMethod()
         weights = dict(weights)
         embed = weights.pop("model.embed_tokens.weight")
-        self.embed_tokens = dense_table(embed)  # lookups read a few rows
+        self.embed_tokens = dense_table(embed, method.prefetch)  # lookups read a few rows
         self.layers = [
             LlamaLayer(cfg, weights, f"model.layers.{i}.", method)
             for i in range(cfg.num_hidden_layers)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 
@@ -10,6 +9,15 @@ import numpy as np
 import torch
 
 from tokenmill.model.gguf_file import F16, F32, GGUFFile
+from tokenmill.model.gguf_layout import (
+    GGUF_LAYER_TO_HF,
+    GGUF_TO_HF,
+    LAYER_RE,
+    PACKED_TYPES,
+    rope_permuted,
+    unpermute_rope_weight,
+    unpermuted_row_order,
+)
 from tokenmill.model.model_files import (
     ModelFiles,
     gguf_model_info,
@@ -17,50 +25,28 @@ from tokenmill.model.model_files import (
     model_source,
     read_model_info,
 )
-from tokenmill.model.packed import PACKED_TYPES, PackedWeight
+from tokenmill.model.packed import PackedWeight
+from tokenmill.model.prefetch import WeightPrefetch
 
 
 def load_model_files(
-    model: str | None, with_weights: bool = True, packed: bool = False
+    model: str | None,
+    with_weights: bool = True,
+    packed: bool = False,
+    prefetch: WeightPrefetch | None = None,
 ) -> ModelFiles:
     """Reads a model; `with_weights=False` reads only what a front end needs (tokenizer,
-    chat template, architecture: model_files.read_model_info, which is fast and torch-free)."""
+    chat template, architecture: model_files.read_model_info, which is fast and torch-free).
+    `prefetch`: a start-up prefetch of this model that has read the GGUF header already."""
     if not with_weights:
         return read_model_info(model)
     name, path, kind = model_source(model)
     if kind == "gguf":
-        return _load_gguf(name, path, packed)
+        return _load_gguf(name, path, packed, prefetch.gguf_file() if prefetch else None)
     return _load_hf_folder(name, path)
 
 
 # ---------------------------------------------------------------- GGUF
-
-_GGUF_TO_HF = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_GGUF_LAYER_TO_HF = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
-
-
-def unpermute_rope_weight(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's converter permutation of q/k rows (interleaved pairs -> rotate-half)."""
-    rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def dequantize_tensor(tensor) -> np.ndarray:
@@ -87,14 +73,18 @@ def _packed(tensor) -> PackedWeight | None:
     return PackedWeight(qtype, rows, cols, data.view(rows, -1))
 
 
-def _load_gguf(name: str, path: Path, packed: bool = False) -> ModelFiles:
+def _load_gguf(
+    name: str,
+    path: Path,
+    packed: bool = False,
+    gguf: GGUFFile | None = None,
+) -> ModelFiles:
     """`packed`: 2-D weights in a format with native kernels (packed.PACKED_TYPES) stay as
-    the file stores them."""
-    gguf = GGUFFile(path)
+    the file stores them. `gguf`: the file's header, read already."""
+    gguf = gguf or GGUFFile(path)
     files = gguf_model_info(name, path, gguf)
     arch = files.arch
-    # llama.cpp permutes q/k rows for the "llama" architecture only (Mistral ships as llama).
-    permuted = gguf.metadata["general.architecture"] in ("llama", "mistral")
+    permuted = rope_permuted(gguf.metadata["general.architecture"])
     weights = files.weights
     for tname, tensor in ((t.name, t) for t in gguf.tensors):
         kept = _packed(tensor) if packed else None
@@ -102,24 +92,23 @@ def _load_gguf(name: str, path: Path, packed: bool = False) -> ModelFiles:
         if tname == "rope_freqs.weight":
             files.rope_freq_factors = torch.from_numpy(data.copy())
             continue
-        match = _LAYER_RE.fullmatch(tname)
+        match = LAYER_RE.fullmatch(tname)
         if match:
             layer, rest = match.groups()
-            if rest not in _GGUF_LAYER_TO_HF:
+            if rest not in GGUF_LAYER_TO_HF:
                 raise ValueError(f"{path}: unsupported tensor {tname}")
-            hf_name = f"model.layers.{layer}.{_GGUF_LAYER_TO_HF[rest]}"
+            hf_name = f"model.layers.{layer}.{GGUF_LAYER_TO_HF[rest]}"
             heads = None
             if permuted and rest in ("attn_q.weight", "attn_q.bias"):
                 heads = arch.num_attention_heads
             elif permuted and rest in ("attn_k.weight", "attn_k.bias"):
                 heads = arch.num_key_value_heads
             if heads is not None and kept is not None:
-                order = unpermute_rope_weight(np.arange(kept.rows)[:, None], heads).ravel()
-                kept = kept.permute_rows(order)
+                kept = kept.permute_rows(unpermuted_row_order(kept.rows, heads))
             elif heads is not None:
                 data = unpermute_rope_weight(data, heads)
-        elif tname in _GGUF_TO_HF:
-            hf_name = _GGUF_TO_HF[tname]
+        elif tname in GGUF_TO_HF:
+            hf_name = GGUF_TO_HF[tname]
         else:
             raise ValueError(f"{path}: unsupported tensor {tname}")
         weights[hf_name] = (

@@ -77,14 +77,18 @@ def read_model_info(model: str | None) -> ModelFiles:
 # ---------------------------------------------------------------- GGUF
 
 
-def gguf_model_info(name: str, path: Path, gguf: GGUFFile) -> ModelFiles:
-    meta = gguf.metadata
+def gguf_arch(gguf: GGUFFile) -> ArchConfig:
     names = {t.name for t in gguf.tensors}
-    arch = ArchConfig.from_gguf_metadata(
-        meta,
+    return ArchConfig.from_gguf_metadata(
+        gguf.metadata,
         has_output_tensor="output.weight" in names,
         has_qkv_bias="blk.0.attn_q.bias" in names,
     )
+
+
+def gguf_model_info(name: str, path: Path, gguf: GGUFFile) -> ModelFiles:
+    meta = gguf.metadata
+    arch = gguf_arch(gguf)
     tokenizer = tokenizer_from_gguf(meta)
     template = ChatTemplate(
         meta.get("tokenizer.chat_template"), tokenizer.bos_token, tokenizer.eos_token

@@ -11,24 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# GGML type id -> (name, bytes per block)
-PACKED_TYPES = {
-    2: ("Q4_0", 18),
-    3: ("Q4_1", 20),
-    6: ("Q5_0", 22),
-    7: ("Q5_1", 24),
-    8: ("Q8_0", 34),
-    12: ("Q4_K", 144),
-    14: ("Q6_K", 210),
-}
-BLOCK = 32  # values per block
-K_BLOCK = 256  # values per super-block of the K formats
-_K_TYPES = frozenset({12, 14})
-
-
-def block_values(qtype: int) -> int:
-    """Values per block of a packed format: 32, or 256 for the K formats."""
-    return K_BLOCK if qtype in _K_TYPES else BLOCK
+from tokenmill.model.gguf_layout import PACKED_TYPES, block_values
 
 
 @dataclass

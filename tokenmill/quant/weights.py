@@ -12,6 +12,7 @@ import torch
 from tokenmill.model.loader import load_model_files
 from tokenmill.model.model_files import ModelFiles
 from tokenmill.model.packed import Int8Weight, OutlierSplit, PackedWeight, as_float
+from tokenmill.model.prefetch import WeightPrefetch
 from tokenmill.quant.groups import linear_groups
 from tokenmill.quant.plan import QuantPlan
 from tokenmill.quant.schemes import AT_LOAD_FORMATS, CALIBRATED_SCHEMES
@@ -19,9 +20,11 @@ from tokenmill.quant.schemes import AT_LOAD_FORMATS, CALIBRATED_SCHEMES
 logger = logging.getLogger(__name__)
 
 
-def load_for_plan(model: str | None, plan: QuantPlan) -> ModelFiles:
+def load_for_plan(
+    model: str | None, plan: QuantPlan, prefetch: WeightPrefetch | None = None
+) -> ModelFiles:
     """The model's files with weights prepared for `plan` (see apply_plan)."""
-    files = load_model_files(model, packed=plan.loads_packed)
+    files = load_model_files(model, packed=plan.loads_packed, prefetch=prefetch)
     apply_plan(files, plan)
     return files
 

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import signal
 import sys
 import threading
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from tokenmill.engine.arg_utils import add_kv_transfer_args, build_engine_config, engine_kwargs
-from tokenmill.engine.startup import StartupProfile
+from tokenmill.engine.startup import StartupProfile, lower_thread_priority
 from tokenmill.server.batch.config import add_batch_args, batch_config
 from tokenmill.server.responses.config import add_response_store_args, response_store_config
 from tokenmill.server.settings import (
@@ -21,6 +21,9 @@ from tokenmill.server.settings import (
     ServerSettings,
     resolve_api_key,
 )
+
+if TYPE_CHECKING:
+    from tokenmill.model.model_files import ModelFiles
 
 logger = logging.getLogger("tokenmill.server")
 
@@ -125,19 +128,59 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config,
         log_level="DEBUG" if debug else "INFO",
         start_method="fork" if single_threaded else "spawn",
+        early=getattr(args, "early_engine_core", None),
     )
     profile.mark("start the engine core")
     serving = False
     try:
-        serving = _serve(args, config, settings, client, profile)
+        files = _prepare_front_end(config, profile)
+        serving = _serve(args, config, settings, client, profile, files)
     finally:
         if not serving:
             client.shutdown()
     return 0 if serving else 2
 
 
-def _serve(args, config, settings, client, profile: StartupProfile) -> bool:
-    """Runs the server until it stops; False when it never started (the reason printed)."""
+def _prepare_front_end(config, profile: StartupProfile) -> ModelFiles | None:
+    """Imports the server and reads the tokenizer and chat template on a thread at a lower
+    priority while this one waits: the engine core starting beside this process is the
+    critical path, and on a 2-core machine its import of torch should keep a core. None
+    when the model's files cannot be read here (the engine core then says why)."""
+    files: list[ModelFiles] = []
+
+    def prepare() -> None:
+        lower_thread_priority()
+        import uvicorn  # noqa: F401
+        from fastapi import FastAPI  # noqa: F401
+
+        from tokenmill.engine.async_llm import AsyncLLM, warm_up_front_end  # noqa: F401
+        from tokenmill.server.api import build_app  # noqa: F401
+        from tokenmill.server.draining import DrainingServer  # noqa: F401
+        from tokenmill.server.metrics import ServerMetrics  # noqa: F401
+
+        profile.mark("imports")
+        from tokenmill.model.model_files import read_model_info
+
+        try:
+            model_files = read_model_info(config.model_config.model)
+        except Exception:  # read again by the engine, whose error the server reports
+            logger.debug("reading the model's files", exc_info=True)
+            return
+        warm_up_front_end(model_files.tokenizer, model_files.chat_template)
+        profile.mark("tokenizer and chat template")
+        files.append(model_files)
+
+    thread = threading.Thread(target=prepare, name="front-end-start-up")
+    thread.start()
+    thread.join()
+    return files[0] if files else None
+
+
+def _serve(args, config, settings, client, profile: StartupProfile, files=None) -> bool:
+    """Runs the server until it stops; False when it never started (the reason printed).
+    `files`: the model's tokenizer and chat template, read already."""
+    import asyncio
+
     import uvicorn
     from fastapi import FastAPI
 
@@ -146,14 +189,19 @@ def _serve(args, config, settings, client, profile: StartupProfile) -> bool:
     from tokenmill.server.draining import DrainingServer
     from tokenmill.server.metrics import ServerMetrics
 
-    profile.mark("imports")
     uvicorn_level = "info" if logging.getLogger().level <= logging.INFO else "warning"
     holder: dict[str, FastAPI] = {}
     holder_error: list[str] = []
 
     @asynccontextmanager
     async def lifespan(_outer: FastAPI):
-        engine = AsyncLLM(config, max_queue_len=args.max_queue_len, client=client, profile=profile)
+        engine = AsyncLLM(
+            config,
+            max_queue_len=args.max_queue_len,
+            client=client,
+            profile=profile,
+            model_files=files,
+        )
         metrics = ServerMetrics(
             args.served_model_name[0] if args.served_model_name else engine.model_name
         )

@@ -1,0 +1,267 @@
+"""Start-up prefetch: the part of building a native-weights model that needs no torch, run
+on a thread while the engine-core process imports torch (about a second of mostly
+single-threaded work, during which the second core is otherwise idle).
+
+The thread reads the GGUF header and the tokenizer, loads the native kernels, fuses the
+file's blocks as the model fuses them (q/k/v, gate/up; q/k rows in rotate-half order) and
+runs what the native method computes first: the embedding table in float32, the float32
+copies for batched GEMMs (within the dequant cache budget, in the method's order) and the
+integer-dot repacks. The kernels release the GIL, so this overlaps the import.
+
+Results are handed over by content: the model asks for an operation's result on a weight's
+bytes (kind, format, shape, XXH3-64 of the bytes); what the prefetch did not prepare, or
+prepared from other bytes, is computed as usual. A prefetch makes start-up faster, never
+different.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import xxhash
+
+from tokenmill.engine.startup import lower_thread_priority
+from tokenmill.model.gguf_layout import PACKED_TYPES, rope_permuted, unpermuted_row_order
+from tokenmill.model.host_memory import anonymous_array
+
+if TYPE_CHECKING:
+    import ctypes
+
+    from tokenmill.config import EngineConfig
+    from tokenmill.model.gguf_file import GGUFFile
+
+logger = logging.getLogger(__name__)
+
+# What the model asks for (ops.py computes the same from torch tensors):
+ROWS = "rows"  # dequant_matrix: fp32 [rows, cols] (the embedding table)
+FLOAT_T = "float_t"  # dequant_matrix_t: fp32 [cols, rows] (a batched GEMM's weight)
+INT_DOT = "int_dot"  # int_dot_repack: uint8, the blocks regrouped for the decode GEMV
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """One packed weight as the model will see it: uint8 [rows, row_bytes]."""
+
+    qtype: int
+    rows: int
+    cols: int
+    data: np.ndarray
+
+
+@dataclass
+class _Slot:
+    done: threading.Event = field(default_factory=threading.Event)
+    value: np.ndarray | None = None
+
+
+def content_key(kind: str, qtype: int, rows: int, cols: int, data: np.ndarray) -> tuple:
+    data = np.ascontiguousarray(data)
+    return (kind, qtype, rows, cols, xxhash.xxh3_64_intdigest(data))
+
+
+class WeightPrefetch:
+    def __init__(self, path: Path, float_budget_bytes: int):
+        self.path = path
+        self.float_budget_bytes = float_budget_bytes
+        self.seconds: dict[str, float] = {}  # prefetch step -> seconds, for the profile
+        self.prepared = 0
+        self.used = 0
+        self._header_read = threading.Event()
+        self._gguf: GGUFFile | None = None
+        self._lock = threading.Lock()
+        self._slots: dict[tuple, _Slot] = {}
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="weight-prefetch", daemon=True)
+
+    def start(self) -> WeightPrefetch:
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float | None = None) -> None:
+        """Waits until the thread has prepared everything (or stopped)."""
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------ the model's side
+
+    def gguf_file(self) -> GGUFFile | None:
+        """The parsed header, or None when the thread could not read it (the loader then
+        reads the file itself and reports why)."""
+        self._header_read.wait()
+        return self._gguf
+
+    def take(self, kind: str, qtype: int, rows: int, cols: int, data: np.ndarray):
+        """The prepared result of `kind` on these bytes (waiting while it is computed), or
+        None: the caller computes it. The first call stops the prefetch after the result
+        it is on: the model now runs its kernels on all threads, and a third busy thread
+        would stall its OpenMP teams."""
+        key = content_key(kind, qtype, rows, cols, data)
+        with self._lock:
+            self._stopped = True
+            slot = self._slots.pop(key, None)
+        if slot is None:
+            return None
+        slot.done.wait()
+        self.used += slot.value is not None
+        return slot.value
+
+    def close(self) -> None:
+        """Stops preparing and drops what was not taken."""
+        with self._lock:
+            self._stopped = True
+            self._slots.clear()
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        slot = None
+        lower_thread_priority()  # the import of torch beside it is the critical path
+        try:
+            from tokenmill.model.gguf_file import GGUFFile
+
+            self._gguf = gguf = GGUFFile(self.path)
+            self._header_read.set()
+            self.seconds["header"] = time.monotonic() - t0
+
+            from tokenmill.kernels.build import load_kernels
+
+            lib = load_kernels()  # built once per machine; loads torch's OpenMP runtime first
+            if lib is None:
+                return
+            t1 = time.monotonic()
+            for key, compute in self._plan(gguf, lib):  # planned lazily: first results early
+                with self._lock:
+                    if self._stopped:
+                        break
+                    if key in self._slots:  # the same bytes twice: one result is enough
+                        continue
+                    slot = self._slots[key] = _Slot()
+                slot.value = compute()
+                slot.done.set()
+                self.prepared += 1
+            self.seconds["native"] = time.monotonic() - t1
+        except Exception:  # the model is then built as usual, which reports any real problem
+            logger.debug("weight prefetch stopped", exc_info=True)
+        finally:
+            self._header_read.set()
+            if slot is not None:
+                slot.done.set()
+
+    def _plan(
+        self, gguf: GGUFFile, lib: ctypes.CDLL
+    ) -> Iterator[tuple[tuple, Callable[[], np.ndarray]]]:
+        """(content key, computation) in the order the model asks for them."""
+        from tokenmill.model.model_files import gguf_arch
+
+        arch = gguf_arch(gguf)
+        tensors = {t.name: t for t in gguf.tensors}
+        permuted = rope_permuted(gguf.metadata["general.architecture"])
+        threads = 1  # one core beside the import: OpenMP teams would stall each other
+        int_dot = os.environ.get("TOKENMILL_INT_DOT", "1") != "0" and lib.tm_int_dot_kind() > 0
+        budget = self.float_budget_bytes
+
+        def packed(name: str, heads: int | None = None) -> _Packed | None:
+            t = tensors.get(name)
+            if t is None or int(t.tensor_type) not in PACKED_TYPES or len(t.shape) != 2:
+                return None
+            cols, rows = (int(d) for d in t.shape)
+            data = np.ascontiguousarray(t.data, dtype=np.uint8).reshape(rows, -1)
+            if heads is not None and permuted:
+                data = data[unpermuted_row_order(rows, heads)]
+            return _Packed(int(t.tensor_type), rows, cols, data)
+
+        def fused(parts: list[_Packed | None]) -> list[_Packed]:
+            """As packed.cat_rows: one weight when the formats agree, else the parts."""
+            got = [p for p in parts if p is not None]
+            if len(got) == len(parts) and all(
+                p.qtype == got[0].qtype and p.cols == got[0].cols for p in got
+            ):
+                data = np.concatenate([p.data for p in got])
+                return [_Packed(got[0].qtype, sum(p.rows for p in got), got[0].cols, data)]
+            return got
+
+        def linear(w: _Packed) -> Iterator[tuple[tuple, Callable[[], np.ndarray]]]:
+            nonlocal budget
+            if int_dot and lib.tm_int_dot_supported(w.qtype, w.rows, w.cols):
+
+                def repack(w: _Packed = w) -> np.ndarray:
+                    out = anonymous_array((w.data.size,), np.uint8)
+                    lib.tm_int_dot_repack(
+                        w.data.ctypes.data, w.qtype, w.rows, w.cols, out.ctypes.data
+                    )
+                    return out
+
+                yield content_key(INT_DOT, w.qtype, w.rows, w.cols, w.data), repack
+            if 4 * w.rows * w.cols <= budget:  # NativeMethod's dequant cache, in its order
+                budget -= 4 * w.rows * w.cols
+
+                def float_t(w: _Packed = w) -> np.ndarray:
+                    out = anonymous_array((w.cols, w.rows), np.float32)
+                    lib.tm_dequant_matrix_t(
+                        w.data.ctypes.data, w.qtype, w.rows, w.cols, out.ctypes.data, threads
+                    )
+                    return out
+
+                yield content_key(FLOAT_T, w.qtype, w.rows, w.cols, w.data), float_t
+
+        embed = packed("token_embd.weight")
+        if embed is not None:
+
+            def table(w: _Packed = embed) -> np.ndarray:
+                out = anonymous_array((w.rows, w.cols), np.float32)
+                lib.tm_dequant_matrix(
+                    w.data.ctypes.data, w.qtype, w.rows, w.cols, out.ctypes.data, threads
+                )
+                return out
+
+            yield content_key(ROWS, embed.qtype, embed.rows, embed.cols, embed.data), table
+        for i in range(arch.num_hidden_layers):
+            blk = f"blk.{i}."
+            layer = [
+                fused(
+                    [
+                        packed(blk + "attn_q.weight", arch.num_attention_heads),
+                        packed(blk + "attn_k.weight", arch.num_key_value_heads),
+                        packed(blk + "attn_v.weight"),
+                    ]
+                ),
+                fused([packed(blk + "attn_output.weight")]),
+                fused([packed(blk + "ffn_gate.weight"), packed(blk + "ffn_up.weight")]),
+                fused([packed(blk + "ffn_down.weight")]),
+            ]
+            for weights in layer:
+                for w in weights:
+                    yield from linear(w)
+        lm_head = packed("output.weight")
+        if lm_head is None or arch.tie_word_embeddings:
+            lm_head = embed
+        if lm_head is not None:
+            yield from linear(lm_head)
+
+
+def start_prefetch(config: EngineConfig) -> WeightPrefetch | None:
+    """A running prefetch for this engine configuration, or None where it has nothing to
+    prepare (HF folders, plans that convert weights at load, kernels turned off)."""
+    from tokenmill.model.model_files import model_source
+
+    mc = config.model_config
+    plan = mc.plan
+    if plan.scheme != "native" or plan.overrides:
+        return None
+    if os.environ.get("TOKENMILL_DISABLE_KERNELS") == "1":
+        return None
+    try:
+        _, path, kind = model_source(mc.model)
+    except (OSError, ValueError):  # the engine reports it
+        return None
+    if kind != "gguf":
+        return None
+    return WeightPrefetch(path, mc.dequant_cache_bytes).start()
