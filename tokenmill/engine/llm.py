@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from tokenmill.engine.arg_utils import build_engine_config
-from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.engine.processor import PromptType
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
@@ -18,7 +18,15 @@ class LLM:
     """Offline batch inference. `model=None` loads the embedded SmolLM2-135M-Instruct."""
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
-        self.engine = LLMEngine(build_engine_config(model, **engine_args))
+        config = build_engine_config(model, **engine_args)
+        prefetch = None
+        if "torch" not in sys.modules:  # native weights prepared while torch is imported
+            from tokenmill.model.prefetch import start_prefetch
+
+            prefetch = start_prefetch(config)
+        from tokenmill.engine.llm_engine import LLMEngine
+
+        self.engine = LLMEngine(config, prefetch)
 
     def get_tokenizer(self):
         return self.engine.tokenizer

@@ -10,18 +10,20 @@ from tokenmill.engine.core import EngineCore
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.processor import InputProcessor, PromptType
 from tokenmill.engine.startup import StartupProfile
+from tokenmill.model.prefetch import WeightPrefetch
 from tokenmill.outputs import RequestOutput
 from tokenmill.quant.weights import load_for_plan
 from tokenmill.sampling_params import SamplingParams
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, prefetch: WeightPrefetch | None = None) -> None:
+        """`prefetch`: native weights being prepared since before torch was imported."""
         profile = StartupProfile("LLM", origin=time.time())  # logged at debug level
-        files = load_for_plan(config.model_config.model, config.model_config.plan)
+        files = load_for_plan(config.model_config.model, config.model_config.plan, prefetch)
         profile.mark("read weights")
         self.chat_template = files.chat_template
-        self.core = EngineCore(config, files, profile)
+        self.core = EngineCore(config, files, profile, prefetch)
         self.tokenizer = self.core.tokenizer
         self.processor = InputProcessor(
             self.tokenizer, files.chat_template, self.core.max_model_len, self.core.vocab_size
