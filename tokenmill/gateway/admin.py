@@ -187,7 +187,11 @@ def build_admin_app(gateway) -> FastAPI:
             since: float | None = Query(None, ge=0, le=1e11),
             limit: int = Query(100, ge=1, le=MAX_ROWS),
         ):
-            found = await asyncio.to_thread(query, db, key_id=key_id, since=since, limit=limit)
+            def run():
+                gateway.ledger.flush(timeout=5.0)  # what was journaled before this call shows
+                return query(db, key_id=key_id, since=since, limit=limit)
+
+            found = await asyncio.to_thread(run)
             return {"object": "list", "data": [asdict(e) for e in found]}
 
         return route
