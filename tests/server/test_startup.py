@@ -19,8 +19,8 @@ API_PHASES = [
     "start the engine core",
     "imports",
     "tokenizer and chat template",
-    "wait for the engine core",
     "build the app",
+    "wait for the engine core",
 ]
 CORE_PHASES = [
     "spawn",
@@ -37,6 +37,14 @@ CORE_PHASES = [
 def mapped_libraries(pid: int) -> str:
     with open(f"/proc/{pid}/maps") as f:
         return f.read()
+
+
+def thread_nice_values(pid: int) -> set[int]:
+    values = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            values.add(int(f.read().rsplit(")", 1)[1].split()[16]))
+    return values
 
 
 def exercise_the_api(base: str) -> None:
@@ -119,6 +127,8 @@ def test_api_process_has_no_torch_and_the_start_up_profile_adds_up(tmp_path):
         assert "libtorch" in mapped_libraries(engine_pid)  # the check can see torch
         assert "libtorch" not in mapped_libraries(proc.pid)
         assert "torch" not in mapped_libraries(proc.pid)
+        # start-up work ran at a lower priority; no thread kept it (threads inherit it)
+        assert thread_nice_values(proc.pid) == {0} and thread_nice_values(engine_pid) == {0}
     finally:
         assert server.stop() == 0
     log_text = server.log()

@@ -21,6 +21,10 @@ def _start_prefetch(config: Any):
     """Native weights prepared on a thread while the process imports torch; never fatal
     (without it the engine builds everything itself)."""
     try:
+        # numpy starts its BLAS threads when imported: not on the prefetch's low-priority
+        # thread, whose priority they would keep (torch imports numpy anyway)
+        import numpy  # noqa: F401
+
         from tokenmill.model.prefetch import start_prefetch
 
         return start_prefetch(config)

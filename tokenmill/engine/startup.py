@@ -12,7 +12,10 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 logger = logging.getLogger("tokenmill.startup")
 
@@ -37,6 +40,27 @@ def lower_thread_priority(nice: int = 10) -> None:
     call it on a thread that ends with its work). Elsewhere, or refused: nothing."""
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
+def run_at_low_priority(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on a new thread at a lower priority (lower_thread_priority), the caller
+    waiting; its exception is raised here."""
+    result: list = []
+
+    def run() -> None:
+        lower_thread_priority()
+        try:
+            result.append((True, fn(*args)))
+        except BaseException as e:  # re-raised in the caller
+            result.append((False, e))
+
+    thread = threading.Thread(target=run, name="start-up")
+    thread.start()
+    thread.join()
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
 
 
 class StartupProfile:

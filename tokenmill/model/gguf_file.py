@@ -9,31 +9,38 @@ its table); it is imported only where a tensor is dequantized in Python."""
 
 from __future__ import annotations
 
+import array
+import math
 import mmap
 import struct
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 GGUF_MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
 
-# metadata value types (GGUF spec)
+# metadata value types (GGUF spec): struct format, array typecode (arrays of numbers are
+# read in one slice; without numpy, which the API process does not otherwise import)
 _SCALARS = {
-    0: ("<B", np.uint8),
-    1: ("<b", np.int8),
-    2: ("<H", np.uint16),
-    3: ("<h", np.int16),
-    4: ("<I", np.uint32),
-    5: ("<i", np.int32),
-    6: ("<f", np.float32),
-    7: ("<?", np.bool_),
-    10: ("<Q", np.uint64),
-    11: ("<q", np.int64),
-    12: ("<d", np.float64),
+    0: ("<B", "B"),
+    1: ("<b", "b"),
+    2: ("<H", "H"),
+    3: ("<h", "h"),
+    4: ("<I", "I"),
+    5: ("<i", "i"),
+    6: ("<f", "f"),
+    7: ("<?", "B"),
+    10: ("<Q", "Q"),
+    11: ("<q", "q"),
+    12: ("<d", "d"),
 }
+_BOOL = 7
 _STRING, _ARRAY = 8, 9
 # tensor type -> (values per block, bytes per block), as gguf.constants.GGML_QUANT_SIZES
 GGML_TYPE_SIZES = {
@@ -61,15 +68,32 @@ class GGUFTensor:
     name: str
     tensor_type: int  # a GGMLQuantizationType value
     shape: tuple[int, ...]
-    data: np.ndarray  # the element type for F32/F16/..., else uint8 [rows, bytes per row]
+    raw: memoryview = field(repr=False)  # the tensor's bytes in the file's memory map
+
+    @cached_property
+    def data(self) -> np.ndarray:
+        """The element type for F32/F16/..., else uint8 [rows, bytes per row]: a read-only
+        view of the file (numpy imported on first use)."""
+        import numpy as np
+
+        raw = np.frombuffer(self.raw, dtype=np.uint8)
+        if self.tensor_type in _ELEMENT_DTYPES:  # shaped as gguf-py shapes them
+            return raw.view(_ELEMENT_DTYPES[self.tensor_type]).reshape(tuple(reversed(self.shape)))
+        rows = math.prod(self.shape[1:])
+        if rows == 0:
+            block, type_size = GGML_TYPE_SIZES.get(self.tensor_type) or _newer_type_sizes(
+                self.tensor_type
+            )
+            return raw.reshape(0, (self.shape[0] if self.shape else 1) // block * type_size)
+        return raw.reshape(rows, len(self.raw) // rows)
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def n_bytes(self) -> int:
-        return int(self.data.nbytes)
+        return len(self.raw)
 
 
 class GGUFFile:
@@ -136,13 +160,17 @@ class GGUFFile:
             item_type = self._unpack("<I")
             n = self._count()
             if item_type in _SCALARS:  # numbers in one slice
-                dtype = np.dtype(_SCALARS[item_type][1]).newbyteorder("<")
-                end = self._pos + n * dtype.itemsize
+                values = array.array(_SCALARS[item_type][1])
+                end = self._pos + n * values.itemsize
                 if end > len(self._buf):
                     raise GGUFFormatError(f"{self.path}: an array runs past the end of the file")
-                values = np.frombuffer(self._buf[self._pos : end], dtype=dtype).tolist()
+                values.frombytes(self._buf[self._pos : end])
+                if sys.byteorder == "big":  # the file is little-endian
+                    values.byteswap()
                 self._pos = end
-                return values
+                if item_type == _BOOL:
+                    return [bool(v) for v in values]
+                return values.tolist()
             if item_type == _STRING:
                 return self._strings(n)
             return [self._value(item_type) for _ in range(n)]
@@ -185,7 +213,7 @@ class GGUFFile:
                 raise GGUFFormatError(f"{self.path}: tensor {name} has unknown type {qtype}")
             block, type_size = sizes
             row = dims[0] if dims else 1
-            rows = int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
+            rows = math.prod(dims[1:])
             if row % block:
                 raise GGUFFormatError(f"{self.path}: tensor {name}: {row} is not a whole block")
             row_bytes = row // block * type_size
@@ -193,12 +221,9 @@ class GGUFFile:
             end = start + rows * row_bytes
             if end > len(self._buf):
                 raise GGUFFormatError(f"{self.path}: tensor {name} runs past the end of the file")
-            raw = np.frombuffer(self._buf[start:end], dtype=np.uint8)
-            if qtype in _ELEMENT_DTYPES:  # shaped as gguf-py shapes them
-                data = raw.view(_ELEMENT_DTYPES[qtype]).reshape(tuple(reversed(dims)))
-            else:
-                data = raw.reshape(rows, row_bytes)
-            tensors.append(GGUFTensor(name, qtype, tuple(int(d) for d in dims), data))
+            tensors.append(
+                GGUFTensor(name, qtype, tuple(int(d) for d in dims), self._buf[start:end])
+            )
         return tensors
 
 

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from tokenmill.engine.arg_utils import add_kv_transfer_args, build_engine_config, engine_kwargs
-from tokenmill.engine.startup import StartupProfile, lower_thread_priority
+from tokenmill.engine.startup import StartupProfile, run_at_low_priority
 from tokenmill.server.batch.config import add_batch_args, batch_config
 from tokenmill.server.responses.config import add_response_store_args, response_store_config
 from tokenmill.server.settings import (
@@ -146,10 +146,8 @@ def _prepare_front_end(config, profile: StartupProfile) -> ModelFiles | None:
     priority while this one waits: the engine core starting beside this process is the
     critical path, and on a 2-core machine its import of torch should keep a core. None
     when the model's files cannot be read here (the engine core then says why)."""
-    files: list[ModelFiles] = []
 
-    def prepare() -> None:
-        lower_thread_priority()
+    def prepare() -> ModelFiles | None:
         import uvicorn  # noqa: F401
         from fastapi import FastAPI  # noqa: F401
 
@@ -162,18 +160,15 @@ def _prepare_front_end(config, profile: StartupProfile) -> ModelFiles | None:
         from tokenmill.model.model_files import read_model_info
 
         try:
-            model_files = read_model_info(config.model_config.model)
+            files = read_model_info(config.model_config.model)
         except Exception:  # read again by the engine, whose error the server reports
             logger.debug("reading the model's files", exc_info=True)
-            return
-        warm_up_front_end(model_files.tokenizer, model_files.chat_template)
+            return None
+        warm_up_front_end(files.tokenizer, files.chat_template)
         profile.mark("tokenizer and chat template")
-        files.append(model_files)
+        return files
 
-    thread = threading.Thread(target=prepare, name="front-end-start-up")
-    thread.start()
-    thread.join()
-    return files[0] if files else None
+    return run_at_low_priority(prepare)
 
 
 def _serve(args, config, settings, client, profile: StartupProfile, files=None) -> bool:
@@ -206,16 +201,18 @@ def _serve(args, config, settings, client, profile: StartupProfile, files=None) 
             args.served_model_name[0] if args.served_model_name else engine.model_name
         )
         engine.observer = metrics
+        names = args.served_model_name or [engine.model_name]
+        # built while the engine core loads (its routes read the engine's facts when called);
+        # not at a low priority: the gateway's ledger writer starts here and would inherit it
+        app = build_app(engine, names, metrics, settings)
+        profile.mark("build the app")
         try:
             await engine.start()
         except Exception as e:
             holder_error.append(str(e))
             raise
         metrics.set_weights_kld(engine.engine_info.get("weights_kld"))
-        names = args.served_model_name or [engine.model_name]
-        app = build_app(engine, names, metrics, settings)
         holder["app"] = app
-        profile.mark("build the app")
         logger.warning(
             "tokenmill serving %s on http://%s:%d (max_model_len %d, ready %.1f s after launch)",
             names[0], args.host, args.port, engine.max_model_len, profile.total,
