@@ -13,7 +13,7 @@ from playwright.sync_api import expect
 from tests.ui.browser import screenshot
 from tests.ui.conftest import KEY, open_ui
 
-NUM_REQUESTS = 6
+NUM_REQUESTS = 6  # x 160 output tokens: seconds of decoding, sampled once a second
 
 
 def _card(page, label: str) -> str:
@@ -36,7 +36,7 @@ def test_the_charts_follow_a_bench_run(page, ui_server, tmp_path):
     bench = subprocess.Popen(
         [sys.executable, "-m", "tokenmill.cli", "bench", "--base-url", ui_server.base_url,
          "--api-key", KEY, "--endpoint", "chat", "--concurrency", "4",
-         "--num-requests", str(NUM_REQUESTS), "--input-len", "32", "--output-len", "32",
+         "--num-requests", str(NUM_REQUESTS), "--input-len", "32", "--output-len", "160",
          "--warmup", "0", "--no-plots", "--no-progress", "--output-dir", str(tmp_path / "bench")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

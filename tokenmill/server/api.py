@@ -186,8 +186,6 @@ def build_app(
     async def metrics_endpoint():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    weights_metadata = _weights_metadata(engine.engine_info)
-
     @app.get("/v1/models")
     async def list_models():
         return {
@@ -200,7 +198,7 @@ def build_app(
                     "owned_by": "tokenmill",
                     "root": engine.model_name,
                     "max_model_len": engine.max_model_len,
-                    **weights_metadata,
+                    **_weights_metadata(engine.engine_info),  # known once the core is ready
                 }
                 for name in served_model_names
             ],
@@ -216,7 +214,7 @@ def build_app(
             "owned_by": "tokenmill",
             "root": engine.model_name,
             "max_model_len": engine.max_model_len,
-            **weights_metadata,
+            **_weights_metadata(engine.engine_info),  # known once the core is ready
         }
 
     @app.post("/v1/chat/completions")
