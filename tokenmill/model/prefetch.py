@@ -258,6 +258,8 @@ def start_prefetch(config: EngineConfig) -> WeightPrefetch | None:
         return None
     if os.environ.get("TOKENMILL_DISABLE_KERNELS") == "1":
         return None
+    if os.environ.get("TOKENMILL_PREFETCH") == "0":  # to measure what it buys
+        return None
     try:
         _, path, kind = model_source(mc.model)
     except (OSError, ValueError):  # the engine reports it
