@@ -188,6 +188,14 @@ class WeightPrefetch:
                 return [_Packed(got[0].qtype, sum(p.rows for p in got), got[0].cols, data)]
             return got
 
+        def dequantized(kernel, w: _Packed, shape: tuple[int, int]) -> Callable[[], np.ndarray]:
+            def run() -> np.ndarray:
+                out = anonymous_array(shape, np.float32)
+                kernel(w.data.ctypes.data, w.qtype, w.rows, w.cols, out.ctypes.data, threads)
+                return out
+
+            return run
+
         def linear(w: _Packed) -> Iterator[tuple[tuple, Callable[[], np.ndarray]]]:
             nonlocal budget
             if int_dot and lib.tm_int_dot_supported(w.qtype, w.rows, w.cols):
@@ -203,25 +211,12 @@ class WeightPrefetch:
             if 4 * w.rows * w.cols <= budget:  # NativeMethod's dequant cache, in its order
                 budget -= 4 * w.rows * w.cols
 
-                def float_t(w: _Packed = w) -> np.ndarray:
-                    out = anonymous_array((w.cols, w.rows), np.float32)
-                    lib.tm_dequant_matrix_t(
-                        w.data.ctypes.data, w.qtype, w.rows, w.cols, out.ctypes.data, threads
-                    )
-                    return out
-
+                float_t = dequantized(lib.tm_dequant_matrix_t, w, (w.cols, w.rows))
                 yield content_key(FLOAT_T, w.qtype, w.rows, w.cols, w.data), float_t
 
         embed = packed("token_embd.weight")
         if embed is not None:
-
-            def table(w: _Packed = embed) -> np.ndarray:
-                out = anonymous_array((w.rows, w.cols), np.float32)
-                lib.tm_dequant_matrix(
-                    w.data.ctypes.data, w.qtype, w.rows, w.cols, out.ctypes.data, threads
-                )
-                return out
-
+            table = dequantized(lib.tm_dequant_matrix, embed, (embed.rows, embed.cols))
             yield content_key(ROWS, embed.qtype, embed.rows, embed.cols, embed.data), table
         for i in range(arch.num_hidden_layers):
             blk = f"blk.{i}."
