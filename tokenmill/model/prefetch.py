@@ -1,17 +1,18 @@
 """Start-up prefetch: the part of building a native-weights model that needs no torch, run
-on a thread while the engine-core process imports torch (about a second of mostly
-single-threaded work, during which the second core is otherwise idle).
+on a thread while the engine-core process imports torch (about a second, mostly on one
+core; the API process starts on the other).
 
-The thread reads the GGUF header and the tokenizer, loads the native kernels, fuses the
-file's blocks as the model fuses them (q/k/v, gate/up; q/k rows in rotate-half order) and
-runs what the native method computes first: the embedding table in float32, the float32
-copies for batched GEMMs (within the dequant cache budget, in the method's order) and the
-integer-dot repacks. The kernels release the GIL, so this overlaps the import.
+The thread reads the GGUF header, loads the native kernels, fuses the file's blocks as the
+model fuses them (q/k/v, gate/up; q/k rows in rotate-half order) and runs what the native
+method computes first: the embedding table in float32, the float32 copies for batched GEMMs
+(within the dequant cache budget, in the method's order) and the integer-dot repacks. The
+kernels release the GIL, so this overlaps the import. It runs at a lower priority, and the
+first result the model asks for stops it after the one it is on.
 
 Results are handed over by content: the model asks for an operation's result on a weight's
-bytes (kind, format, shape, XXH3-64 of the bytes); what the prefetch did not prepare, or
+bytes (kind, format, shape, XXH3-128 of the bytes); what the prefetch did not prepare, or
 prepared from other bytes, is computed as usual. A prefetch makes start-up faster, never
-different.
+different. `TOKENMILL_PREFETCH=0` turns it off.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class _Slot:
 
 def content_key(kind: str, qtype: int, rows: int, cols: int, data: np.ndarray) -> tuple:
     data = np.ascontiguousarray(data)
-    return (kind, qtype, rows, cols, xxhash.xxh3_64_intdigest(data))
+    return (kind, qtype, rows, cols, xxhash.xxh3_128_intdigest(data))
 
 
 class WeightPrefetch:
