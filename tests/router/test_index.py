@@ -40,6 +40,29 @@ def test_replicas_are_separate_and_cleared():
     assert ix.holders(2) == {}
 
 
+def test_one_walk_for_many_replicas_equals_one_walk_each():
+    import random
+
+    rng = random.Random(0)
+    ix = KVIndex()
+    names = [f"r{i}" for i in range(12)]
+    for name in names:
+        ix.enable(name)
+        held = rng.randrange(0, 9)  # a prefix of the prompt, then stray blocks
+        media = ["device", "host", "disk"]
+        ix.apply(name, [stored(range(held), rng.choice(media)), stored(range(7, 12), "host")])
+        if held > 2 and rng.random() < 0.5:
+            ix.apply(name, [removed([held // 2])])  # a hole: the walk stops there
+    for prompt in ([], [0], list(range(12)), [5, 6, 7], [0, 1, 99, 3]):
+        want = {name: ix.tiers(name, prompt) for name in names}
+        assert ix.tiers_of(names, prompt) == want
+        assert ix.tiers_of(names[:3] + ["unknown"], prompt) == {
+            **{n: want[n] for n in names[:3]},
+            "unknown": [],
+        }
+    assert any(len(t) > 3 for t in ix.tiers_of(names, list(range(12))).values())
+
+
 def test_disable_purges_and_ignores_late_events():
     ix = KVIndex()
     ix.enable("a")

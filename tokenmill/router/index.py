@@ -102,6 +102,23 @@ class KVIndex:
                 out.append(bits)
         return out
 
+    def tiers_of(self, replicas: Sequence[str], hashes: Sequence[int]) -> dict[str, list[int]]:
+        """tiers() for several replicas in one walk of the prompt: each hash is looked up
+        once, for the replicas that held every hash before it (most drop out at once)."""
+        out: dict[str, list[int]] = {r: [] for r in replicas}
+        with self._lock:
+            alive = list(out)
+            for h in hashes:
+                holders = self._blocks.get(h)
+                if not holders:
+                    break
+                alive = [r for r in alive if r in holders]
+                if not alive:
+                    break
+                for r in alive:
+                    out[r].append(holders[r])
+        return out
+
     def size(self, replica: str) -> int:
         with self._lock:
             return len(self._held.get(replica, ()))

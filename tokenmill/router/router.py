@@ -199,30 +199,35 @@ class Router:
         now = self.clock()
         out = []
         distinct_by_size: dict[int, frozenset[int]] = {}  # the prompt's hashes, per block size
+        tiers_by_name: dict[str, list[int]] = {}
+        if key is not None:  # one walk of the prompt per block size, for all its replicas
+            for size in {r.block_size for r in replicas}:
+                names = [r.name for r in replicas if r.block_size == size]
+                tiers_by_name.update(self.index.tiers_of(names, key.hashes(size)))
         for r in replicas:
+            name = r.name
             if key is None:
-                hashes: tuple[int, ...] = ()
                 tiers: list[int] = []
                 approx, num_tokens = 0, 0
                 distinct: frozenset[int] = frozenset()
             else:
                 hashes = key.hashes(r.block_size)
-                tiers = self.index.tiers(r.name, hashes)
-                approx = self.approx.prefix(r.name, hashes, now)
+                tiers = tiers_by_name[name]
+                approx = self.approx.prefix(name, hashes, now)
                 num_tokens = key.num_tokens
                 distinct = distinct_by_size.get(r.block_size)
                 if distinct is None:
                     distinct = distinct_by_size[r.block_size] = frozenset(hashes)
             out.append(
                 candidate(
-                    r.name,
+                    name,
                     num_tokens,
                     r.block_size,
                     tiers,
                     approx,
-                    self.loads.pending_prefill(r.name, now),
-                    self.loads.active_blocks(r.name, distinct),
-                    self.loads.in_flight(r.name),
+                    self.loads.pending_prefill(name, now),
+                    self.loads.active_blocks(name, distinct),
+                    self.loads.in_flight(name),
                     self.config.weights,
                 )
             )
