@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +39,8 @@ def lower_thread_priority(nice: int = 10) -> None:
     """Start-up work off the critical path yields to it: a higher nice value for the
     calling thread only (Linux schedules threads; threads it starts inherit the value, so
     call it on a thread that ends with its work). Elsewhere, or refused: nothing."""
+    if not sys.platform.startswith("linux"):  # elsewhere the id would name a process
+        return
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
