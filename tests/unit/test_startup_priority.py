@@ -21,8 +21,10 @@ def nice_of(tid: int) -> int:
 def test_only_the_helper_thread_is_lowered_and_its_result_or_error_comes_back():
     main = threading.get_native_id()
     before = nice_of(main)
+    if before >= 10:
+        pytest.skip("the tests already run at nice >= 10")
     seen = run_at_low_priority(lambda: nice_of(threading.get_native_id()))
-    assert seen >= 10 and seen != before
+    assert seen == 10
     assert nice_of(main) == before
     with pytest.raises(ZeroDivisionError):
         run_at_low_priority(lambda: 1 / 0)
