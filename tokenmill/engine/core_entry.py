@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -21,10 +22,6 @@ def _start_prefetch(config: Any):
     """Native weights prepared on a thread while the process imports torch; never fatal
     (without it the engine builds everything itself)."""
     try:
-        # numpy starts its BLAS threads when imported: not on the prefetch's low-priority
-        # thread, whose priority they would keep (torch imports numpy anyway)
-        import numpy  # noqa: F401
-
         from tokenmill.model.prefetch import start_prefetch
 
         return start_prefetch(config)
@@ -33,22 +30,32 @@ def _start_prefetch(config: Any):
         return None
 
 
-def _die_with_parent(parent: int) -> None:
-    """The kernel ends this process when its parent dies (Linux), from the first moment:
-    the imports take a second."""
+def exit_with_parent(parent: int) -> None:
+    """Ends this process when the API process (`parent`, its pid as the parent saw it)
+    dies, from the first moment (the imports take a second): the kernel signals it (Linux),
+    and a watchdog thread checks the parent id elsewhere or if that is missed."""
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                logger.error("the API process is gone: exiting")
+                os._exit(1)
+            time.sleep(1.0)
+
     if os.getppid() != parent:  # died before prctl took effect
         os._exit(1)
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def run_engine_core(*args: Any, parent: int) -> None:
     """(config, input address, output address, log level); `parent`: the API process."""
-    _die_with_parent(parent)
+    exit_with_parent(parent)
     from tokenmill.engine.startup import StartupProfile
 
     profile = StartupProfile("engine-core")  # from the moment the process was created
@@ -57,11 +64,11 @@ def run_engine_core(*args: Any, parent: int) -> None:
     from tokenmill.engine.core_proc import run_engine_core as run
 
     profile.mark("imports")
-    run(*args, profile=profile, prefetch=prefetch, parent_pid=parent)
+    run(*args, profile=profile, prefetch=prefetch)
 
 
 def _run_early(reader, writer, parent: int) -> None:
-    _die_with_parent(parent)
+    exit_with_parent(parent)
     from tokenmill.engine.startup import StartupProfile
 
     profile = StartupProfile("engine-core")
@@ -84,7 +91,7 @@ def _run_early(reader, writer, parent: int) -> None:
     if "args" not in got:  # the server did not start (bad arguments, --help, an error)
         os._exit(0)
     profile.mark("imports")
-    run(*got["args"], profile=profile, prefetch=got["prefetch"], parent_pid=parent)
+    run(*got["args"], profile=profile, prefetch=got["prefetch"])
 
 
 class EarlyEngineCore:

@@ -10,12 +10,10 @@ KV-event ports.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from typing import Any
@@ -166,29 +164,6 @@ class EngineCoreProc:
         raise ValueError(f"unknown utility method {method!r}")
 
 
-def exit_with_parent(parent: int | None = None) -> None:
-    """Ends this process when the process that started it dies: the kernel signals it
-    (Linux), and a watchdog thread checks the parent id elsewhere or if that is missed.
-    `parent`: its pid, read when this process started (it may be gone by now)."""
-    parent = os.getppid() if parent is None else parent
-    try:
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent:
-                logger.error("the API process is gone: exiting")
-                os._exit(1)
-            time.sleep(1.0)
-
-    if os.getppid() != parent:  # died before prctl took effect
-        os._exit(1)
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
-
-
 def run_engine_core(
     config: EngineConfig,
     input_addr: str,
@@ -196,15 +171,13 @@ def run_engine_core(
     log_level: str = "INFO",
     profile: StartupProfile | None = None,
     prefetch: WeightPrefetch | None = None,
-    parent_pid: int | None = None,
 ) -> None:
-    """Process entry point. `parent_pid`: the API process, as seen when this one started."""
+    """Process entry point (core_entry.py calls it after the imports)."""
     logging.basicConfig(  # force: a forked core inherits its parent's configuration
         level=log_level, format="%(asctime)s %(levelname)s engine-core: %(message)s", force=True
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when to stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: KV event sockets close
-    exit_with_parent(parent_pid)
     proc = None
     try:
         core = EngineCore(config, profile=profile, prefetch=prefetch)

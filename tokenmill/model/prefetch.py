@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+# imported by whoever starts the prefetch, not on its low-priority thread: numpy starts its
+# BLAS threads when imported, and they would keep that priority
 import numpy as np
 import xxhash
 
 from tokenmill.engine.startup import lower_thread_priority
-from tokenmill.model.gguf_layout import PACKED_TYPES, rope_permuted, unpermuted_row_order
+from tokenmill.model.gguf_layout import packed_rows, rope_permuted, unpermuted_row_order
 from tokenmill.model.host_memory import anonymous_array
 
 if TYPE_CHECKING:
@@ -170,14 +172,13 @@ class WeightPrefetch:
         budget = self.float_budget_bytes
 
         def packed(name: str, heads: int | None = None) -> _Packed | None:
-            t = tensors.get(name)
-            if t is None or int(t.tensor_type) not in PACKED_TYPES or len(t.shape) != 2:
+            found = packed_rows(tensors[name]) if name in tensors else None
+            if found is None:
                 return None
-            cols, rows = (int(d) for d in t.shape)
-            data = np.ascontiguousarray(t.data, dtype=np.uint8).reshape(rows, -1)
+            qtype, rows, cols, data = found
             if heads is not None and permuted:
                 data = data[unpermuted_row_order(rows, heads)]
-            return _Packed(int(t.tensor_type), rows, cols, data)
+            return _Packed(qtype, rows, cols, data)
 
         def fused(parts: list[_Packed | None]) -> list[_Packed]:
             """As packed.cat_rows: one weight when the formats agree, else the parts."""
