@@ -50,6 +50,16 @@ GGUF_LAYER_TO_HF = {
 LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
+def packed_rows(tensor) -> tuple[int, int, int, np.ndarray] | None:
+    """(format, rows, cols, uint8 [rows, row bytes] view of the file) for a GGUFTensor that
+    is a 2-D weight in a format the native kernels run; else None."""
+    qtype = int(tensor.tensor_type)
+    if qtype not in PACKED_TYPES or len(tensor.shape) != 2:
+        return None
+    cols, rows = (int(d) for d in tensor.shape)
+    return qtype, rows, cols, np.ascontiguousarray(tensor.data, dtype=np.uint8).reshape(rows, -1)
+
+
 def rope_permuted(architecture: str) -> bool:
     """llama.cpp permutes q/k rows for the "llama" architecture only (Mistral ships as llama)."""
     return architecture in ("llama", "mistral")

@@ -13,7 +13,7 @@ from tokenmill.model.gguf_layout import (
     GGUF_LAYER_TO_HF,
     GGUF_TO_HF,
     LAYER_RE,
-    PACKED_TYPES,
+    packed_rows,
     rope_permuted,
     unpermute_rope_weight,
     unpermuted_row_order,
@@ -63,14 +63,13 @@ def dequantize_tensor(tensor) -> np.ndarray:
 
 def _packed(tensor) -> PackedWeight | None:
     """The tensor as stored, if it is a 2-D weight in a format the native kernels run."""
-    qtype = int(tensor.tensor_type)
-    if qtype not in PACKED_TYPES or len(tensor.shape) != 2:
+    found = packed_rows(tensor)
+    if found is None:
         return None
-    cols, rows = (int(d) for d in tensor.shape)
+    qtype, rows, cols, data = found
     with warnings.catch_warnings():  # the file's read-only memory map: never written to
         warnings.simplefilter("ignore", UserWarning)
-        data = torch.from_numpy(np.ascontiguousarray(tensor.data, dtype=np.uint8))
-    return PackedWeight(qtype, rows, cols, data.view(rows, -1))
+        return PackedWeight(qtype, rows, cols, torch.from_numpy(data))
 
 
 def _load_gguf(
