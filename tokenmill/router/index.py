@@ -93,14 +93,7 @@ class KVIndex:
 
     def tiers(self, replica: str, hashes: Sequence[int]) -> list[int]:
         """Tier bits of each hash on the replica, up to the first block it lacks."""
-        out: list[int] = []
-        with self._lock:
-            for h in hashes:
-                bits = self._blocks.get(h, {}).get(replica, 0)
-                if not bits:
-                    break
-                out.append(bits)
-        return out
+        return self.tiers_of([replica], hashes)[replica]
 
     def tiers_of(self, replicas: Sequence[str], hashes: Sequence[int]) -> dict[str, list[int]]:
         """tiers() for several replicas in one walk of the prompt: each hash is looked up
