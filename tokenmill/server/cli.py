@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import signal
 import sys
@@ -141,6 +142,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0 if serving else 2
 
 
+# what _serve imports: imported by _prepare_front_end, at a lower priority
+_SERVER_MODULES = (
+    "uvicorn",
+    "fastapi",
+    "tokenmill.engine.async_llm",
+    "tokenmill.server.api",
+    "tokenmill.server.draining",
+    "tokenmill.server.metrics",
+)
+
+
 def _prepare_front_end(config, profile: StartupProfile) -> ModelFiles | None:
     """Imports the server and reads the tokenizer and chat template on a thread at a lower
     priority while this one waits: the engine core starting beside this process is the
@@ -148,15 +160,10 @@ def _prepare_front_end(config, profile: StartupProfile) -> ModelFiles | None:
     when the model's files cannot be read here (the engine core then says why)."""
 
     def prepare() -> ModelFiles | None:
-        import uvicorn  # noqa: F401
-        from fastapi import FastAPI  # noqa: F401
-
-        from tokenmill.engine.async_llm import AsyncLLM, warm_up_front_end  # noqa: F401
-        from tokenmill.server.api import build_app  # noqa: F401
-        from tokenmill.server.draining import DrainingServer  # noqa: F401
-        from tokenmill.server.metrics import ServerMetrics  # noqa: F401
-
+        for module in _SERVER_MODULES:
+            importlib.import_module(module)
         profile.mark("imports")
+        from tokenmill.engine.async_llm import warm_up_front_end
         from tokenmill.model.model_files import read_model_info
 
         try:
