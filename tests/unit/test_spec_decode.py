@@ -295,6 +295,21 @@ def test_speculation_under_preemption_and_on_prefix_cache_hits(native_path, nati
     assert cached.engine.core.kv_manager.stats.hits > 0
 
 
+def test_a_stop_inside_the_accepted_drafts_ends_the_request_there(native_path, native_reference):
+    """A stop token among accepted drafts: the tokens verified after it are dropped and the
+    request's computed count stops at its last kept token (it once ran past its blocks' hashes
+    when the dropped tokens crossed a block boundary)."""
+    prompts, expected = native_reference
+    for block_size in (4, 16):
+        for j in (3, 6, 9):
+            stops = [out[j] for out in expected]
+            params = SamplingParams(temperature=0, max_tokens=24, stop_token_ids=stops)
+            plain = make_llm(native_path, False, block_size=block_size)
+            spec = scripted(native_path, native_reference, block_size=block_size, max_num_seqs=3)
+            assert run_checked(spec, prompts, params) == run_checked(plain, prompts, params)
+            assert spec.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+
+
 def test_ngram_speculation_on_a_copy_task_is_lossless(embedded_llm):
     """The embedded model asked to repeat a passage: n-gram lookup drafts most tokens."""
     passage = (

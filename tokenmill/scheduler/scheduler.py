@@ -259,10 +259,7 @@ class Scheduler:
             rid = request.request_id
             sampled = result.sampled_token_ids.get(rid, ())
             if sr.spec_token_ids:
-                # KV holds the accepted drafts; rejected positions are recomputed later and
-                # their surplus blocks go back to the pool now
                 request.num_computed_tokens += len(sampled)
-                self.kv.trim(request)
                 self.spec_stats.record(len(sr.spec_token_ids), len(sampled) - 1)
                 request.spec_acceptance.record(len(sr.spec_token_ids), len(sampled) - 1)
             else:
@@ -271,8 +268,18 @@ class Scheduler:
             for token in sampled:
                 request.append_output_token(token)
                 new_tokens.append(token)
-                if self._check_stop(request, token):
+                # a loop break bans what comes next: later tokens of this run were sampled
+                # without the ban
+                if self._check_stop(request, token) or request.banned_next:
                     break
+            if sr.spec_token_ids:
+                # KV holds the accepted drafts; positions past the tokens kept (rejected, or
+                # after a stop inside the accepted run) are recomputed later and their surplus
+                # blocks go back to the pool now
+                request.num_computed_tokens = min(
+                    request.num_computed_tokens, request.num_tokens - 1
+                )
+                self.kv.trim(request)
             self.kv.cache_full_blocks(request)  # full blocks of computed (accepted) tokens
             prompt_lps = result.prompt_logprobs.get(rid)
             if not new_tokens and not prompt_lps:
