@@ -94,3 +94,31 @@ def test_paged_attention_decode_matches_sdpa(window, hd):
     native = CPUPagedBackend(nh, nkv, hd, bs, window)._decode(q, kv, meta)
     ref = TorchSDPABackend(nh, nkv, hd, bs, window)._decode(q, kv, meta)
     assert torch.allclose(native, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("hd", [64, 128, 48])
+def test_decode_rows_continuing_one_sequence_equal_each_row_alone(hd):
+    """Drafted rows of one request (same blocks, each one key longer) run as one task per head
+    on the vector body: every row's output is bit-identical to the row computed alone, in a
+    batch with another sequence between runs, and close to SDPA."""
+    from tokenmill.model.attention import AttentionMetadata, TorchSDPABackend
+
+    nh, nkv, bs = 9, 3, 16
+    torch.manual_seed(1)
+    kv = torch.randn(2, 80, bs * nkv * hd)
+    first = torch.randperm(80)[:40]  # a request's blocks (its drafts' keys included)
+    other = torch.randperm(80)[:40]
+    rows = (
+        [(first, 300 + i) for i in range(6)] + [(other, 37)] + [(first, 306 + i) for i in range(2)]
+    )
+    table = torch.stack([t for t, _ in rows])
+    lens = torch.tensor([n for _, n in rows])
+    q = torch.randn(len(rows), nh, hd)
+    batched = ops.paged_attention_decode(q, kv, table, lens, nkv, bs, hd**-0.5, None)
+    for i in range(len(rows)):
+        alone = ops.paged_attention_decode(q[i : i + 1], kv, table[i : i + 1], lens[i : i + 1],
+                                           nkv, bs, hd**-0.5, None)  # fmt: skip
+        assert torch.equal(batched[i], alone[0]), i
+    meta = AttentionMetadata(torch.empty(0, dtype=torch.long), len(rows), table, lens, [])
+    ref = TorchSDPABackend(nh, nkv, hd, bs, None)._decode(q, kv, meta)
+    assert torch.allclose(batched.reshape(ref.shape), ref, atol=1e-5)

@@ -25,7 +25,13 @@ from tokenmill.cache_dirs import cache_root
 logger = logging.getLogger(__name__)
 _SOURCES = [
     Path(__file__).parent / "csrc" / name
-    for name in ("cpu_kernels.c", "quant_kernels.c", "int_dot_kernels.c", "decode_layers.c")
+    for name in (
+        "cpu_kernels.c",
+        "decode_attention.c",
+        "quant_kernels.c",
+        "int_dot_kernels.c",
+        "decode_layers.c",
+    )
 ]
 _FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
