@@ -96,20 +96,25 @@ def test_paged_attention_decode_matches_sdpa(window, hd):
     assert torch.allclose(native, ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("heads", [(9, 3), (12, 1)])  # 12 per KV head: more than one task
+@pytest.mark.parametrize("base", [5, 253, 700])  # 253: the run crosses a 256-key chunk
 @pytest.mark.parametrize("hd", [64, 128, 48])
-def test_decode_rows_continuing_one_sequence_equal_each_row_alone(hd):
-    """Drafted rows of one request (same blocks, each one key longer) run as one task per head
-    on the vector body: every row's output is bit-identical to the row computed alone, in a
-    batch with another sequence between runs, and close to SDPA."""
+def test_decode_rows_continuing_one_sequence_equal_each_row_alone(hd, base, heads):
+    """Drafted rows of one request (same blocks, each one key longer) share their key chunks'
+    tasks with the query heads of their KV head on the vector body: every row's output is
+    bit-identical to the row computed alone, in a batch with another sequence between runs,
+    and close to SDPA."""
     from tokenmill.model.attention import AttentionMetadata, TorchSDPABackend
 
-    nh, nkv, bs = 9, 3, 16
+    (nh, nkv), bs = heads, 16
     torch.manual_seed(1)
-    kv = torch.randn(2, 80, bs * nkv * hd)
-    first = torch.randperm(80)[:40]  # a request's blocks (its drafts' keys included)
-    other = torch.randperm(80)[:40]
+    kv = torch.randn(2, 100, bs * nkv * hd)
+    first = torch.randperm(100)[:50]  # a request's blocks (its drafts' keys included)
+    other = torch.randperm(100)[:50]
     rows = (
-        [(first, 300 + i) for i in range(6)] + [(other, 37)] + [(first, 306 + i) for i in range(2)]
+        [(first, base + i) for i in range(6)]
+        + [(other, 37)]
+        + [(first, base + 6 + i) for i in range(2)]
     )
     table = torch.stack([t for t, _ in rows])
     lens = torch.tensor([n for _, n in rows])

@@ -1,16 +1,20 @@
 // Decode attention straight from the paged cache (no gather): each query row attends to the
 // visible keys of its sequence.
 //
-// Rows that continue one sequence (a request's drafted tokens under speculative decoding:
-// the same blocks, each row one key longer than the one before) run as one task per query
-// head, so each key and value is read once for all of them instead of once per row. Each
-// row's arithmetic is the same however the rows are grouped: results do not depend on what
-// else is in the batch.
+// AVX-512 body (head sizes 64 and 128), flash-decoding style: a task is one KV head's keys
+// in a range of KEY_CHUNK positions, for every query that reads them: the query heads sharing
+// the KV head (GQA) and the rows that continue one sequence (a request's drafted tokens under
+// speculative decoding: the same blocks, each row one key longer than the one before). So
+// each key and value is read once per step, and a long sequence spreads over the threads.
+// Per query, a chunk leaves its maximum score, exp-sum and unnormalized output; a second
+// pass merges the chunks in key order. Chunks sit at fixed key positions, so each row's
+// arithmetic is the same whatever else is in the batch and however rows are grouped.
+// Inside a chunk: scores 16 keys at a time (one vector of products per key, summed across
+// lanes by a fixed tree), exp as a polynomial over 16 scores, values accumulated for up to 4
+// queries per pass.
 //
-// AVX-512 bodies for head sizes 64 and 128: scores 16 keys at a time (one vector of dot
-// products per key, summed across lanes by a fixed tree), exp as a polynomial over 16
-// scores, values accumulated for up to 4 rows per pass. Other sizes and builds: one task
-// per (row, head) with the portable body.
+// Other head sizes, sliding windows and builds without AVX-512: one task per (row, head),
+// the portable body.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,13 +23,15 @@
 #include <immintrin.h>
 #endif
 
-#define RUN_MAX 8  // rows per run (a decode step has at most 8)
+#define RUN_MAX 8       // rows per run (a decode step has at most 8)
+#define QUERIES_MAX 64  // query vectors per task: rows of a run x heads sharing a KV head
+#define KEY_CHUNK 256   // key positions per task
 
 typedef struct {
     const float* keys;    // layer's K records
     const float* values;  // layer's V records
     const int64_t* bt;    // the sequence's block table
-    int64_t bs, rec, head_off, start, len;  // keys start..len-1 are visible to the first row
+    int64_t bs, rec, head_off, start, len;  // keys start..len-1 are visible
     float scale;
 } HeadKeys;
 
@@ -89,7 +95,6 @@ static void attend_head(const HeadKeys* a, const float* qh, int64_t hd, float* s
 
 #if defined(__AVX512F__)
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
-
 ALWAYS_INLINE __m512 exp512(__m512 x) {  // poly_expf on 16 lanes
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -138,16 +143,18 @@ static inline __mmask16 first_lanes(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
 }
 
-// R rows continuing one sequence: row i sees keys start .. len + i - 1 (a->len is row 0's).
-// q rows q0 + i * q_stride, outputs out0 + i * out_stride; scores: R x cap floats.
-ALWAYS_INLINE void attend_run_avx512(const HeadKeys* a, int64_t R, const float* q0,
-                                     int64_t q_stride, int HD, float* scores, int64_t cap,
-                                     float* out0, int64_t out_stride) {
+// One chunk of keys, c0 .. c1 - 1, for the n queries sharing one KV head: query j reads q[j]
+// and sees keys up to vis[j] - 1 (vis[j] > c0). Leaves, per query, the chunk's maximum
+// score, the sum of exp(score - maximum) and the unnormalized output o[j] (HD floats).
+// scores: n x (c1 - c0) floats.
+ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1, int64_t n,
+                                       const float* const* q, const int64_t* vis, int HD,
+                                       float* scores, float* const* o, float* mx, float* sum) {
     const int V = HD / 16;
-    const int64_t start = a->start, end = a->len + R - 1;
+    const int64_t cap = c1 - c0;
     const __m512 scale = _mm512_set1_ps(a->scale);
-    for (int64_t t0 = start; t0 < end; t0 += 16) {
-        const int64_t nt = end - t0 < 16 ? end - t0 : 16;
+    for (int64_t t0 = c0; t0 < c1; t0 += 16) {
+        const int64_t nt = c1 - t0 < 16 ? c1 - t0 : 16;
         const float* kp[16];
         int64_t blk = t0 / a->bs, off = t0 % a->bs;  // walked, not divided, per key
         for (int j = 0; j < nt; j++) {
@@ -155,63 +162,171 @@ ALWAYS_INLINE void attend_run_avx512(const HeadKeys* a, int64_t R, const float* 
             if (++off == a->bs) off = 0, blk++;
         }
         for (int64_t j = nt; j < 16; j++) kp[j] = kp[0];
-        for (int64_t i = 0; i < R; i++) {
-            const int64_t visible = a->len + i - t0;  // of this tile's keys
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t visible = vis[j] - t0;  // of this tile's keys
             if (visible <= 0) continue;
-            const float* qi = q0 + i * q_stride;
-            __m512 q[8], acc[16];
-            for (int c = 0; c < V; c++) q[c] = _mm512_loadu_ps(qi + 16 * c);
-            for (int j = 0; j < 16; j++) {
-                acc[j] = _mm512_mul_ps(q[0], _mm512_loadu_ps(kp[j]));
+            __m512 qv[8], acc[16];
+            for (int c = 0; c < V; c++) qv[c] = _mm512_loadu_ps(q[j] + 16 * c);
+            for (int k = 0; k < 16; k++) {
+                acc[k] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kp[k]));
                 for (int c = 1; c < V; c++)
-                    acc[j] = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(kp[j] + 16 * c), acc[j]);
+                    acc[k] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kp[k] + 16 * c), acc[k]);
             }
-            _mm512_mask_storeu_ps(scores + i * cap + (t0 - start), first_lanes(visible),
+            _mm512_mask_storeu_ps(scores + j * cap + (t0 - c0), first_lanes(visible),
                                   _mm512_mul_ps(sum16(acc), scale));
         }
     }
-    float inv[RUN_MAX];
-    for (int64_t i = 0; i < R; i++) {
-        float* s = scores + i * cap;
-        const int64_t n = a->len + i - start;
-        __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int64_t t = 0; t < n; t += 16)
-            mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, first_lanes(n - t), s + t));
-        const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-        __m512 sum = _mm512_setzero_ps();
-        for (int64_t t = 0; t < n; t += 16) {
-            const __mmask16 k = first_lanes(n - t);
-            const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), m));
+    for (int64_t j = 0; j < n; j++) {  // exp(score - max) in place, and their sum
+        float* s = scores + j * cap;
+        const int64_t len = (vis[j] < c1 ? vis[j] : c1) - c0;
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        for (int64_t t = 0; t < len; t += 16)
+            m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, first_lanes(len - t), s + t));
+        mx[j] = _mm512_reduce_max_ps(m);
+        const __m512 mj = _mm512_set1_ps(mx[j]);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t t = 0; t < len; t += 16) {
+            const __mmask16 k = first_lanes(len - t);
+            const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), mj));
             _mm512_mask_storeu_ps(s + t, k, e);
-            sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+            acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
         }
-        inv[i] = 1.f / _mm512_reduce_add_ps(sum);
+        sum[j] = _mm512_reduce_add_ps(acc);
     }
-    const int G = HD == 64 ? 4 : 2;  // rows per value pass (accumulators in registers)
-    for (int64_t g0 = 0; g0 < R; g0 += G) {
-        const int64_t rows = R - g0 < G ? R - g0 : G;
-        __m512 o[4][8];
-        for (int64_t i = 0; i < rows; i++)
-            for (int c = 0; c < V; c++) o[i][c] = _mm512_setzero_ps();
-        const int64_t shared_end = a->len + g0;  // keys every row of the pass sees
-        int64_t blk = start / a->bs, off = start % a->bs;
-        for (int64_t t = start; t < shared_end + rows - 1; t++) {
+    const int P = HD == 64 ? 4 : 2;  // queries per value pass (accumulators in registers)
+    for (int64_t j0 = 0; j0 < n; j0 += P) {
+        const int64_t m = n - j0 < P ? n - j0 : P;
+        int64_t shared = c1, last = c0;  // keys every query of the pass sees; any sees
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t end = vis[j0 + j] < c1 ? vis[j0 + j] : c1;
+            shared = end < shared ? end : shared;
+            last = end > last ? end : last;
+        }
+        __m512 acc[4][8];
+        for (int64_t j = 0; j < m; j++)
+            for (int c = 0; c < V; c++) acc[j][c] = _mm512_setzero_ps();
+        int64_t blk = c0 / a->bs, off = c0 % a->bs;
+        for (int64_t t = c0; t < last; t++) {
             const float* vh = a->values + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
             if (++off == a->bs) off = 0, blk++;
             __m512 v[8];
             for (int c = 0; c < V; c++) v[c] = _mm512_loadu_ps(vh + 16 * c);
-            for (int64_t i = 0; i < rows; i++) {
-                if (t >= shared_end + i) continue;
-                const __m512 p = _mm512_set1_ps(scores[(g0 + i) * cap + (t - start)]);
-                for (int c = 0; c < V; c++) o[i][c] = _mm512_fmadd_ps(p, v[c], o[i][c]);
+            for (int64_t j = 0; j < m; j++) {
+                if (t >= shared && t >= vis[j0 + j]) continue;
+                const __m512 p = _mm512_set1_ps(scores[(j0 + j) * cap + (t - c0)]);
+                for (int c = 0; c < V; c++) acc[j][c] = _mm512_fmadd_ps(p, v[c], acc[j][c]);
             }
         }
-        for (int64_t i = 0; i < rows; i++) {
-            float* oh = out0 + (g0 + i) * out_stride;
-            const __m512 w = _mm512_set1_ps(inv[g0 + i]);
-            for (int c = 0; c < V; c++) _mm512_storeu_ps(oh + 16 * c, _mm512_mul_ps(o[i][c], w));
+        for (int64_t j = 0; j < m; j++)
+            for (int c = 0; c < V; c++) _mm512_storeu_ps(o[j0 + j] + 16 * c, acc[j][c]);
+    }
+}
+
+// A task: one run's queries on one KV head (rows x its query heads h0 .. h1 - 1), keys
+// c0 .. c1 - 1; its partial results start at `part` (per query: HD floats, max, sum).
+typedef struct {
+    int64_t b, R, h0, h1, c0, c1, part;
+} ChunkTask;
+
+static void decode_chunked_avx512(const float* q, const float* kv, const float* vbase,
+                                  const int64_t* block_table, const int64_t* seq_lens,
+                                  const int64_t* run_start, int64_t runs, int64_t nh, int64_t nkv,
+                                  int64_t hd, int64_t bs, int64_t max_blocks, float scale,
+                                  float* out, int nthreads) {
+    const int64_t G = nh / nkv, rec = nkv * hd;
+    const int64_t per_task = G * RUN_MAX <= QUERIES_MAX ? G : QUERIES_MAX / RUN_MAX;
+    const int64_t head_chunks = (G + per_task - 1) / per_task;
+    int64_t ntasks = 0, nparts = 0;  // count, then fill
+    for (int64_t r = 0; r < runs; r++) {
+        const int64_t R = run_start[r + 1] - run_start[r], end = seq_lens[run_start[r]] + R - 1;
+        ntasks += nkv * head_chunks * ((end + KEY_CHUNK - 1) / KEY_CHUNK);
+    }
+    ChunkTask* tasks = malloc(sizeof(ChunkTask) * (size_t)ntasks);
+    int64_t* groups = malloc(sizeof(int64_t) * (size_t)(runs * nkv * head_chunks + 1));
+    int64_t t = 0, ngroups = 0;
+    for (int64_t r = 0; r < runs; r++) {
+        const int64_t b = run_start[r], R = run_start[r + 1] - b, end = seq_lens[b] + R - 1;
+        for (int64_t k = 0; k < nkv; k++)
+            for (int64_t hc = 0; hc < head_chunks; hc++) {
+                const int64_t h0 = k * G + hc * per_task;
+                const int64_t h1 = h0 + per_task < (k + 1) * G ? h0 + per_task : (k + 1) * G;
+                groups[ngroups++] = t;  // the group's chunks are consecutive tasks
+                for (int64_t c0 = 0; c0 < end; c0 += KEY_CHUNK, t++) {
+                    tasks[t] = (ChunkTask){b, R, h0, h1, c0, c0 + KEY_CHUNK < end ? c0 + KEY_CHUNK : end,
+                                           nparts};
+                    nparts += R * (h1 - h0) * (hd + 2);
+                }
+            }
+    }
+    groups[ngroups] = t;
+    float* parts = malloc(sizeof(float) * (size_t)nparts);
+#pragma omp parallel num_threads(nthreads)
+    {
+        float* scores = malloc(sizeof(float) * QUERIES_MAX * KEY_CHUNK);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < ntasks; i++) {
+            const ChunkTask* T = tasks + i;
+            const HeadKeys a = {kv, vbase, block_table + T->b * max_blocks, bs, rec,
+                                (T->h0 / G) * hd, 0, 0, scale};
+            const float* qs[QUERIES_MAX];
+            float* os[QUERIES_MAX];
+            int64_t vis[QUERIES_MAX], n = 0, seen = 0;
+            const int64_t heads = T->h1 - T->h0;
+            float* mx = parts + T->part + T->R * heads * hd;
+            float* sum = mx + T->R * heads;
+            for (int64_t row = 0; row < T->R; row++)
+                for (int64_t h = T->h0; h < T->h1; h++, n++) {
+                    qs[n] = q + ((T->b + row) * nh + h) * hd;
+                    os[n] = parts + T->part + n * hd;
+                    vis[n] = seq_lens[T->b] + row;
+                    mx[n] = -INFINITY, sum[n] = 0.f;  // a query that sees none of the chunk
+                    seen += vis[n] > T->c0;
+                }
+            // queries are in increasing length: those that see the chunk are the last ones
+            const int64_t skip = n - seen;
+            if (hd == 64)
+                attend_chunk_avx512(&a, T->c0, T->c1, seen, qs + skip, vis + skip, 64, scores,
+                                    os + skip, mx + skip, sum + skip);
+            else
+                attend_chunk_avx512(&a, T->c0, T->c1, seen, qs + skip, vis + skip, 128, scores,
+                                    os + skip, mx + skip, sum + skip);
+        }
+        free(scores);
+        // merge each query's chunks in key order: out = sum_c w_c o_c / sum_c w_c sum_c,
+        // w_c = exp(max_c - max)
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < ngroups; g++) {
+            const ChunkTask* first = tasks + groups[g];
+            const int64_t heads = first->h1 - first->h0, n = first->R * heads;
+            for (int64_t j = 0; j < n; j++) {
+                const int64_t row = j / heads, h = first->h0 + j % heads;
+                float m = -INFINITY;
+                for (int64_t c = groups[g]; c < groups[g + 1]; c++) {
+                    const float* mx = parts + tasks[c].part + n * hd;
+                    m = mx[j] > m ? mx[j] : m;
+                }
+                __m512 acc[8];
+                for (int v = 0; v < hd / 16; v++) acc[v] = _mm512_setzero_ps();
+                float total = 0.f;
+                for (int64_t c = groups[g]; c < groups[g + 1]; c++) {
+                    const float* o = parts + tasks[c].part;
+                    const float* mx = o + n * hd;
+                    if (mx[j] == -INFINITY) continue;  // the query sees none of this chunk
+                    const float w = poly_expf(mx[j] - m);
+                    total += w * mx[n + j];
+                    for (int v = 0; v < hd / 16; v++)
+                        acc[v] = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(o + j * hd + 16 * v),
+                                                 acc[v]);
+                }
+                const __m512 inv = _mm512_set1_ps(1.f / total);
+                float* oh = out + ((first->b + row) * nh + h) * hd;
+                for (int v = 0; v < hd / 16; v++) _mm512_storeu_ps(oh + 16 * v, _mm512_mul_ps(acc[v], inv));
+            }
         }
     }
+    free(parts);
+    free(groups);
+    free(tasks);
 }
 #endif
 
@@ -226,7 +341,7 @@ static int continues(const int64_t* block_table, const int64_t* seq_lens, int64_
 
 // q: [B, nh, hd]; kv: one layer's cache [2, num_blocks, block_size, nkv, hd];
 // block_table: [B, max_blocks]; seq_lens: [B] (keys 0..len-1 are visible, minus the
-// sliding window when window > 0); out: [B, nh, hd]. Tasks: (run of rows, query head).
+// sliding window when window > 0); out: [B, nh, hd].
 void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_blocks,
                                const int64_t* block_table, const int64_t* seq_lens, int64_t B,
                                int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int64_t max_blocks,
@@ -234,55 +349,40 @@ void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_bloc
     const int64_t G = nh / nkv;
     const int64_t rec = nkv * hd;  // floats per token record
     const float* vbase = kv + num_blocks * bs * rec;
-    int runs = 0;
-    const int vector_body = (hd == 64 || hd == 128) && window <= 0;
-#if !defined(__AVX512F__)
-    (void)vector_body;
-#endif
-    int64_t* run_start = malloc(sizeof(int64_t) * (size_t)(B + 1));
-    for (int64_t b = 0; b < B; b++) {
 #if defined(__AVX512F__)
-        if (vector_body && b > 0 && b - run_start[runs - 1] < RUN_MAX &&
-            continues(block_table, seq_lens, max_blocks, bs, b - 1))
-            continue;
-#endif
-        run_start[runs++] = b;
+    if ((hd == 64 || hd == 128) && window <= 0) {
+        int64_t* run_start = malloc(sizeof(int64_t) * (size_t)(B + 1));
+        int64_t runs = 0;
+        for (int64_t b = 0; b < B; b++)
+            if (b == 0 || b - run_start[runs - 1] >= RUN_MAX ||
+                !continues(block_table, seq_lens, max_blocks, bs, b - 1))
+                run_start[runs++] = b;
+        run_start[runs] = B;
+        decode_chunked_avx512(q, kv, vbase, block_table, seq_lens, run_start, runs, nh, nkv, hd,
+                              bs, max_blocks, scale, out, nthreads);
+        free(run_start);
+        return;
     }
-    run_start[runs] = B;
+#endif
     (void)continues;
 #pragma omp parallel num_threads(nthreads)
     {
         int64_t cap = 0;
-        float* scores = NULL;
+        float* scores = NULL;  // [n]
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < runs * nh; ++task) {
-            const int64_t r = task / nh, h = task % nh;
-            const int64_t b = run_start[r], R = run_start[r + 1] - b;
+        for (int64_t task = 0; task < B * nh; ++task) {
+            const int64_t b = task / nh, h = task % nh;
             const int64_t len = seq_lens[b];
             const int64_t start = (window > 0 && len > window) ? len - window : 0;
-            const int64_t need = R * (len + R - 1 - start);
-            if (need > cap) {
+            if (len - start > cap) {
                 free(scores);
-                cap = need;
+                cap = len - start;
                 scores = (float*)malloc(sizeof(float) * (size_t)cap);
             }
             const HeadKeys a = {kv, vbase, block_table + b * max_blocks, bs, rec, (h / G) * hd,
                                 start, len, scale};
-            const float* qh = q + (b * nh + h) * hd;
-            float* oh = out + (b * nh + h) * hd;
-#if defined(__AVX512F__)
-            if (vector_body) {
-                const int64_t row_cap = len + R - 1 - start;
-                if (hd == 64)
-                    attend_run_avx512(&a, R, qh, nh * hd, 64, scores, row_cap, oh, nh * hd);
-                else
-                    attend_run_avx512(&a, R, qh, nh * hd, 128, scores, row_cap, oh, nh * hd);
-                continue;
-            }
-#endif
-            attend_head(&a, qh, hd, scores, oh);  // runs are single rows here
+            attend_head(&a, q + (b * nh + h) * hd, hd, scores, out + (b * nh + h) * hd);
         }
         free(scores);
     }
-    free(run_start);
 }
