@@ -417,6 +417,12 @@ def test_acceptance_estimate_follows_recent_drafts():
     for _ in range(10):
         a.record(4, 4)
     assert a.rate > 0.9
+    for _ in range(10):
+        a.record(4, 0)
+    low = a.rate
+    for _ in range(20):  # steps without drafts: the failures fade, the prior comes back
+        a.idle()
+    assert low < 0.45 and low + 0.15 < a.rate <= 0.7
 
 
 def test_the_auto_policy_stops_drafting_for_a_request_whose_drafts_fail(

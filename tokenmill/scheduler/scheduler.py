@@ -217,6 +217,7 @@ class Scheduler:
         rate = request.spec_acceptance.rate
         room = self.draft_policy.num_drafts(rate, room)  # no drafting where none would pay
         if room <= 0:
+            request.spec_acceptance.idle()
             return []
         if getattr(self.proposer, "needs_features", False):
             drafts = self.proposer.propose(

@@ -25,6 +25,7 @@ _WINDOW = 16  # latest step times kept per row count
 _TRUSTED = 3  # observations before a row count's own median is used
 _PRIOR_ROW_COST = 0.35  # extra row vs a 1-row step, until measured (CPU decode, 2 cores)
 _DECAY = 0.8  # weight of a request's earlier drafts in its acceptance estimate
+_IDLE_DECAY = 0.9  # per step without drafts: the estimate drifts back toward the prior
 _PRIOR_TRIALS, _PRIOR_ACCEPTED = 2.0, 1.4  # a new request: acceptance 0.7, weakly held
 
 
@@ -118,6 +119,13 @@ class Acceptance:
     @property
     def rate(self) -> float:
         return (self.accepted + _PRIOR_ACCEPTED) / (self.trials + _PRIOR_TRIALS)
+
+    def idle(self) -> None:
+        """A step without drafts (none would pay): older evidence fades toward the prior, so a
+        request whose drafts failed tries again after a while (a copy task's edit point
+        passes; without this it would never draft again and never see it)."""
+        self.trials *= _IDLE_DECAY
+        self.accepted *= _IDLE_DECAY
 
     def record(self, drafted: int, accepted: int) -> None:
         """`accepted` of `drafted` passed: accepted successes, then one failure unless all
