@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -132,6 +133,21 @@ class Database(ABC):
         """An expression giving the UTC date 'YYYY-MM-DD' of epoch-seconds `column`."""
 
 
+def _set_wal(conn: sqlite3.Connection) -> None:
+    """WAL journal (persistent in the file). Switching to it takes an exclusive lock, and
+    SQLite answers "database is locked" at once, without the busy handler, when connections
+    opening a new database at the same moment race for it: retried within the busy timeout."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 class SqliteDatabase(Database):
     dialect = "sqlite"
 
@@ -150,7 +166,7 @@ class SqliteDatabase(Database):
             check_same_thread=False,
         )
         conn.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _set_wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
         return conn
 
