@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.kernels import ops
+from tokenmill.kernels.build import build_kernels
 from tokenmill.model.linear import FloatMethod, Int8Linear, Int8Method, _quantize_rows_torch
 
 pytestmark = pytest.mark.skipif(
@@ -96,14 +97,35 @@ def test_paged_attention_decode_matches_sdpa(window, hd):
     assert torch.allclose(native, ref, atol=1e-5)
 
 
+@pytest.fixture(scope="module", params=["native", "haswell", "x86-64"])
+def attention_kernels(request):
+    """Each build's decode attention: AVX-512 (where the CPU has it), AVX2, portable."""
+    lib = build_kernels(request.param)
+    if lib is None:
+        pytest.skip("no C compiler")
+
+    def decode(q, kv, table, lens, nkv, bs, scale):
+        b, nh, hd = q.shape
+        out = torch.empty_like(q)
+        lib.tm_paged_attention_decode(
+            q.data_ptr(), kv.data_ptr(), kv.shape[1], table.data_ptr(), lens.data_ptr(), b, nh,
+            nkv, hd, bs, table.shape[1], scale, 0, out.data_ptr(), 2,
+        )  # fmt: skip
+        return out
+
+    return decode
+
+
 @pytest.mark.parametrize("heads", [(9, 3), (12, 1)])  # 12 per KV head: more than one task
 @pytest.mark.parametrize("base", [5, 253, 700])  # 253: the run crosses a 256-key chunk
 @pytest.mark.parametrize("hd", [64, 128, 48])
-def test_decode_rows_continuing_one_sequence_equal_each_row_alone(hd, base, heads):
+def test_decode_rows_continuing_one_sequence_equal_each_row_alone(
+    attention_kernels, hd, base, heads
+):
     """Drafted rows of one request (same blocks, each one key longer) share their key chunks'
-    tasks with the query heads of their KV head on the vector body: every row's output is
+    tasks with the query heads of their KV head on the vector bodies: every row's output is
     bit-identical to the row computed alone, in a batch with another sequence between runs,
-    and close to SDPA."""
+    and close to SDPA; in every build."""
     from tokenmill.model.attention import AttentionMetadata, TorchSDPABackend
 
     (nh, nkv), bs = heads, 16
@@ -116,13 +138,13 @@ def test_decode_rows_continuing_one_sequence_equal_each_row_alone(hd, base, head
         + [(other, 37)]
         + [(first, base + 6 + i) for i in range(2)]
     )
-    table = torch.stack([t for t, _ in rows])
+    table = torch.stack([t for t, _ in rows]).contiguous()
     lens = torch.tensor([n for _, n in rows])
     q = torch.randn(len(rows), nh, hd)
-    batched = ops.paged_attention_decode(q, kv, table, lens, nkv, bs, hd**-0.5, None)
+    batched = attention_kernels(q, kv, table, lens, nkv, bs, hd**-0.5)
     for i in range(len(rows)):
-        alone = ops.paged_attention_decode(q[i : i + 1], kv, table[i : i + 1], lens[i : i + 1],
-                                           nkv, bs, hd**-0.5, None)  # fmt: skip
+        alone = attention_kernels(q[i : i + 1], kv, table[i : i + 1], lens[i : i + 1], nkv, bs,
+                                  hd**-0.5)  # fmt: skip
         assert torch.equal(batched[i], alone[0]), i
     meta = AttentionMetadata(torch.empty(0, dtype=torch.long), len(rows), table, lens, [])
     ref = TorchSDPABackend(nh, nkv, hd, bs, None)._decode(q, kv, meta)

@@ -19,8 +19,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define CHUNKED_BODY 1  // a vector body for head sizes 64 and 128
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
 #endif
 
 #define RUN_MAX 8       // rows per run (a decode step has at most 8)
@@ -221,14 +223,129 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
             for (int c = 0; c < V; c++) _mm512_storeu_ps(o[j0 + j] + 16 * c, acc[j][c]);
     }
 }
+#define attend_chunk attend_chunk_avx512
 
+#elif defined(CHUNKED_BODY)
+ALWAYS_INLINE __m256 exp256(__m256 x) {  // poly_expf on 8 lanes
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// Lane j of the result: the sum of v[j]'s lanes (a fixed tree of pairwise adds).
+ALWAYS_INLINE __m256 sum8(const __m256 v[8]) {
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+static inline __m256i first_lanes8(int64_t n) {  // lanes below n set (a maskload mask)
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? n : 8)),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// attend_chunk_avx512 on 8 lanes: 8 keys per tile, values for up to 2 queries per pass.
+ALWAYS_INLINE void attend_chunk_avx2(const HeadKeys* a, int64_t c0, int64_t c1, int64_t n,
+                                     const float* const* q, const int64_t* vis, int HD,
+                                     float* scores, float* const* o, float* mx, float* sum) {
+    const int V = HD / 8;
+    const int64_t cap = c1 - c0;
+    const __m256 scale = _mm256_set1_ps(a->scale);
+    for (int64_t t0 = c0; t0 < c1; t0 += 8) {
+        const int64_t nt = c1 - t0 < 8 ? c1 - t0 : 8;
+        const float* kp[8];
+        int64_t blk = t0 / a->bs, off = t0 % a->bs;  // walked, not divided, per key
+        for (int j = 0; j < nt; j++) {
+            kp[j] = a->keys + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
+            if (++off == a->bs) off = 0, blk++;
+        }
+        for (int64_t j = nt; j < 8; j++) kp[j] = kp[0];
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t visible = vis[j] - t0;  // of this tile's keys
+            if (visible <= 0) continue;
+            __m256 acc[8];
+            for (int k = 0; k < 8; k++) {
+                acc[k] = _mm256_mul_ps(_mm256_loadu_ps(q[j]), _mm256_loadu_ps(kp[k]));
+                for (int c = 1; c < V; c++)
+                    acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + 8 * c),
+                                             _mm256_loadu_ps(kp[k] + 8 * c), acc[k]);
+            }
+            _mm256_maskstore_ps(scores + j * cap + (t0 - c0), first_lanes8(visible),
+                                _mm256_mul_ps(sum8(acc), scale));
+        }
+    }
+    for (int64_t j = 0; j < n; j++) {  // exp(score - max) in place, and their sum
+        float* s = scores + j * cap;
+        const int64_t len = (vis[j] < c1 ? vis[j] : c1) - c0;
+        float m = -INFINITY;
+        for (int64_t t = 0; t < len; t++) m = s[t] > m ? s[t] : m;
+        mx[j] = m;
+        const __m256 mj = _mm256_set1_ps(m);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t t = 0; t < len; t += 8) {
+            const __m256i k = first_lanes8(len - t);
+            const __m256 e = _mm256_and_ps(
+                exp256(_mm256_sub_ps(_mm256_maskload_ps(s + t, k), mj)), _mm256_castsi256_ps(k));
+            _mm256_maskstore_ps(s + t, k, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc);
+        sum[j] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                 ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += 2) {  // values: 2 queries per pass
+        const int64_t m = n - j0 < 2 ? n - j0 : 2;
+        int64_t end[2] = {0, 0}, last = c0;
+        for (int64_t j = 0; j < m; j++) {
+            end[j] = vis[j0 + j] < c1 ? vis[j0 + j] : c1;
+            last = end[j] > last ? end[j] : last;
+        }
+        for (int half = 0; half < HD / 64; half++) {  // 64 floats of the head at a time
+            __m256 acc[2][8];
+            for (int64_t j = 0; j < m; j++)
+                for (int c = 0; c < 8; c++) acc[j][c] = _mm256_setzero_ps();
+            int64_t blk = c0 / a->bs, off = c0 % a->bs;
+            for (int64_t t = c0; t < last; t++) {
+                const float* vh = a->values + (a->bt[blk] * a->bs + off) * a->rec + a->head_off +
+                                  64 * half;
+                if (++off == a->bs) off = 0, blk++;
+                for (int64_t j = 0; j < m; j++) {
+                    if (t >= end[j]) continue;
+                    const __m256 p = _mm256_set1_ps(scores[(j0 + j) * cap + (t - c0)]);
+                    for (int c = 0; c < 8; c++)
+                        acc[j][c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vh + 8 * c), acc[j][c]);
+                }
+            }
+            for (int64_t j = 0; j < m; j++)
+                for (int c = 0; c < 8; c++)
+                    _mm256_storeu_ps(o[j0 + j] + 64 * half + 8 * c, acc[j][c]);
+        }
+    }
+}
+#define attend_chunk attend_chunk_avx2
+#endif
+
+#if defined(CHUNKED_BODY)
 // A task: one run's queries on one KV head (rows x its query heads h0 .. h1 - 1), keys
 // c0 .. c1 - 1; its partial results start at `part` (per query: HD floats, max, sum).
 typedef struct {
     int64_t b, R, h0, h1, c0, c1, part;
 } ChunkTask;
 
-static void decode_chunked_avx512(const float* q, const float* kv, const float* vbase,
+static void decode_chunked(const float* q, const float* kv, const float* vbase,
                                   const int64_t* block_table, const int64_t* seq_lens,
                                   const int64_t* run_start, int64_t runs, int64_t nh, int64_t nkv,
                                   int64_t hd, int64_t bs, int64_t max_blocks, float scale,
@@ -285,11 +402,11 @@ static void decode_chunked_avx512(const float* q, const float* kv, const float* 
             // queries are in increasing length: those that see the chunk are the last ones
             const int64_t skip = n - seen;
             if (hd == 64)
-                attend_chunk_avx512(&a, T->c0, T->c1, seen, qs + skip, vis + skip, 64, scores,
-                                    os + skip, mx + skip, sum + skip);
+                attend_chunk(&a, T->c0, T->c1, seen, qs + skip, vis + skip, 64, scores, os + skip,
+                             mx + skip, sum + skip);
             else
-                attend_chunk_avx512(&a, T->c0, T->c1, seen, qs + skip, vis + skip, 128, scores,
-                                    os + skip, mx + skip, sum + skip);
+                attend_chunk(&a, T->c0, T->c1, seen, qs + skip, vis + skip, 128, scores, os + skip,
+                             mx + skip, sum + skip);
         }
         free(scores);
         // merge each query's chunks in key order: out = sum_c w_c o_c / sum_c w_c sum_c,
@@ -305,8 +422,7 @@ static void decode_chunked_avx512(const float* q, const float* kv, const float* 
                     const float* mx = parts + tasks[c].part + n * hd;
                     m = mx[j] > m ? mx[j] : m;
                 }
-                __m512 acc[8];
-                for (int v = 0; v < hd / 16; v++) acc[v] = _mm512_setzero_ps();
+                float acc[128] = {0};
                 float total = 0.f;
                 for (int64_t c = groups[g]; c < groups[g + 1]; c++) {
                     const float* o = parts + tasks[c].part;
@@ -314,13 +430,13 @@ static void decode_chunked_avx512(const float* q, const float* kv, const float* 
                     if (mx[j] == -INFINITY) continue;  // the query sees none of this chunk
                     const float w = poly_expf(mx[j] - m);
                     total += w * mx[n + j];
-                    for (int v = 0; v < hd / 16; v++)
-                        acc[v] = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(o + j * hd + 16 * v),
-                                                 acc[v]);
+#pragma omp simd
+                    for (int64_t d = 0; d < hd; d++) acc[d] += w * o[j * hd + d];
                 }
-                const __m512 inv = _mm512_set1_ps(1.f / total);
+                const float inv = 1.f / total;
                 float* oh = out + ((first->b + row) * nh + h) * hd;
-                for (int v = 0; v < hd / 16; v++) _mm512_storeu_ps(oh + 16 * v, _mm512_mul_ps(acc[v], inv));
+#pragma omp simd
+                for (int64_t d = 0; d < hd; d++) oh[d] = acc[d] * inv;
             }
         }
     }
@@ -349,7 +465,7 @@ void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_bloc
     const int64_t G = nh / nkv;
     const int64_t rec = nkv * hd;  // floats per token record
     const float* vbase = kv + num_blocks * bs * rec;
-#if defined(__AVX512F__)
+#if defined(CHUNKED_BODY)
     if ((hd == 64 || hd == 128) && window <= 0) {
         int64_t* run_start = malloc(sizeof(int64_t) * (size_t)(B + 1));
         int64_t runs = 0;
@@ -358,7 +474,7 @@ void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_bloc
                 !continues(block_table, seq_lens, max_blocks, bs, b - 1))
                 run_start[runs++] = b;
         run_start[runs] = B;
-        decode_chunked_avx512(q, kv, vbase, block_table, seq_lens, run_start, runs, nh, nkv, hd,
+        decode_chunked(q, kv, vbase, block_table, seq_lens, run_start, runs, nh, nkv, hd,
                               bs, max_blocks, scale, out, nthreads);
         free(run_start);
         return;
