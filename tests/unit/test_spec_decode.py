@@ -334,6 +334,36 @@ def test_ngram_speculation_on_a_copy_task_is_lossless(embedded_llm):
     llm.engine.core.check_invariants()
 
 
+def test_stop_strings_inside_accepted_drafts_end_the_output_there(embedded_llm):
+    """Several tokens arrive per step under speculation: the output keeps the tokens up to the
+    one that completed a stop string (as without speculation), not the rest of the step's."""
+    passage = (
+        "The committee met on Tuesday to review the annual budget. Members discussed the "
+        "allocation of funds for road repairs, the new library wing, and the expansion of the "
+        "public transit network."
+    )
+    messages = [{"role": "user", "content": f"Repeat this passage exactly:\n\n{passage}"}]
+    llm = LLM(
+        None,
+        kv_cache_memory_gib=0.1,
+        speculative="ngram",
+        num_speculative_tokens=5,
+        speculative_draft_policy="fixed",
+    )
+    for stop, include in (("library", False), ("funds for", True), ("Members", False)):
+        params = SamplingParams(
+            temperature=0, max_tokens=60, stop=[stop], include_stop_str_in_output=include,
+            logprobs=2,
+        )  # fmt: skip
+        plain = embedded_llm.chat(messages, params)[0].outputs[0]
+        ours = llm.chat(messages, params)[0].outputs[0]
+        assert ours.token_ids == plain.token_ids, stop
+        assert ours.text == plain.text and ours.finish_reason == plain.finish_reason == "stop"
+        assert len(ours.logprobs) == len(ours.token_ids)
+    assert llm.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+    llm.engine.core.check_invariants()
+
+
 def test_drafts_never_run_past_max_tokens_or_the_context():
     llm = LLM(
         None, kv_cache_memory_gib=0.1, max_model_len=40, speculative="ngram",

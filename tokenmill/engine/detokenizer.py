@@ -22,15 +22,19 @@ class IncrementalDetokenizer:
         self.output_text = ""
         self._stop_len = max((len(s) for s in params.stop), default=0)  # type: ignore[union-attr]
         self._sent = 0  # characters already returned by get_delta()
+        self.tokens_kept = 0  # of the last update's tokens (all but those after a stop string)
 
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
-        """Decode new tokens; returns the stop string if one appeared (text is cut there).
+        """Decode new tokens; returns the stop string if one appeared (text is cut there, and
+        `tokens_kept` says how many of the new tokens came up to it: several arrive at once
+        under speculative decoding, and those after the stop are not part of the output).
 
         A final stop token (EOS or a stop_token_id) is not rendered into the text.
         """
+        self.tokens_kept = len(new_token_ids)
         if stop_terminated:
             new_token_ids = new_token_ids[:-1]
-        for token in new_token_ids:
+        for i, token in enumerate(new_token_ids):
             before = len(self.output_text)
             piece = self.stream.step(self.tokenizer.hf, token)
             if piece:
@@ -38,6 +42,7 @@ class IncrementalDetokenizer:
                 if self._stop_len:
                     stop = self._find_stop(before)
                     if stop is not None:
+                        self.tokens_kept = i + 1
                         return stop
         return None
 

@@ -148,11 +148,6 @@ class OutputProcessor:
             state.prompt_logprobs.extend(
                 to_logprob_dict(self.tokenizer, e) for e in out.prompt_logprobs
             )
-        sample.token_ids.extend(out.new_token_ids)
-        if out.new_logprobs and sample.logprobs is not None:
-            for entry in out.new_logprobs:
-                sample.logprobs.append(to_logprob_dict(self.tokenizer, entry))
-                sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + entry[1][0]
         # A final EOS / stop token ends the text without being rendered; a grammar that
         # completes or a loop cut-off also finish with "stop" but keep their last token.
         params = state.params
@@ -165,6 +160,12 @@ class OutputProcessor:
             and out.new_token_ids[-1] in stop_ids
         )
         stop_string = sample.detok.update(out.new_token_ids, stop_terminated=stop_by_token)
+        kept = sample.detok.tokens_kept  # up to the token that completed a stop string
+        sample.token_ids.extend(out.new_token_ids[:kept])
+        if out.new_logprobs and sample.logprobs is not None:
+            for entry in out.new_logprobs[:kept]:
+                sample.logprobs.append(to_logprob_dict(self.tokenizer, entry))
+                sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + entry[1][0]
         if stop_string is not None:
             sample.finish_reason, sample.stop_reason = "stop", stop_string
             return not out.finished
