@@ -518,3 +518,37 @@ def test_constrained_output_speculates_within_its_grammar(native_path):
     # the off-by-one drafts broke the grammar: cut before verification
     assert sum(map(len, proposed)) > stats.num_draft_tokens
     spec.engine.core.check_invariants()
+
+
+def test_constrained_drafts_stop_where_closing_starts(native_path):
+    """Constrained output closes by a rule of its own once few tokens are left (the closing
+    reserve); no verified position may lie past that point, or it would be sampled without
+    the rule (a draft head once ran JSON past it and gave different output)."""
+    from tokenmill.scheduler.scheduler import closing_reserve
+    from tokenmill.structured.spec import StructuredOutputsParams
+
+    regex = StructuredOutputsParams(regex=r"[a-z]{3,8}( [a-z]{3,8}){2,30}")
+    prompts = repetitive_prompts(2, seed=3)
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    for max_tokens in (30, 60):
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, structured_outputs=regex)
+        plain = make_llm(native_path, False, max_num_seqs=1)
+        expected = [o.outputs[0].token_ids for o in plain.generate(inputs, params)]
+        spec = make_llm(native_path, True, max_num_seqs=1)
+        proposer = ScriptedProposer(prompts, [list(o) for o in expected])
+        calls = []
+        original = proposer.propose
+
+        def spy(ids, n, original=original, calls=calls):
+            prompt = next(p for p in prompts if list(ids[: len(p)]) == p)
+            calls.append((len(ids) - len(prompt), n))
+            return original(ids, n)
+
+        proposer.propose = spy
+        spec.engine.core.scheduler.proposer = proposer
+        ours = [o.outputs[0].token_ids for o in spec.generate(inputs, params)]
+        assert ours == expected
+        assert calls and spec.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+        for produced, n in calls:
+            assert n <= max_tokens - produced - closing_reserve(max_tokens) - 1
+        spec.engine.core.check_invariants()

@@ -211,6 +211,14 @@ class Scheduler:
             request.max_tokens - request.num_output_tokens - 1,
             self.max_model_len - request.num_tokens,
         )
+        if request.grammar is not None:
+            # constrained output starts closing (a rule of its own) once few tokens are left;
+            # a position verified past that point would be sampled without it
+            left = min(
+                request.max_tokens - request.num_output_tokens,
+                self.max_model_len - request.num_tokens,
+            )
+            room = min(room, left - closing_reserve(request.max_tokens) - 1)
         if room <= 0:
             return []
         assert self.proposer is not None
