@@ -33,6 +33,7 @@ _SOURCES = [
         "decode_layers.c",
     )
 ]
+_HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))  # part of the cache key
 _FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 
@@ -81,7 +82,7 @@ def build_kernels(march: str) -> ctypes.CDLL | None:
         logger.warning("no C compiler found: using the pure-torch kernels")
         return None
     flags = [f"-march={march}", *_FLAGS]
-    source = b"".join(path.read_bytes() for path in _SOURCES)
+    source = b"".join(path.read_bytes() for path in [*_SOURCES, *_HEADERS])
     key = hashlib.sha256(
         source + " ".join([cc, *flags]).encode() + _cpu_signature().encode()
     ).hexdigest()[:16]

@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "poly_exp.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -147,28 +149,6 @@ void tm_quantize_rows_strided(const float* x, int64_t M, int64_t K, int64_t stri
     for (int64_t m = 0; m < M; ++m) quantize_row(x + m * stride, K, q + m * K, scale + m);
 }
 
-// exp(x) for x <= 0 region and beyond, vectorizable (no libm call): Cody-Waite range
-// reduction and a degree-6 polynomial; relative error ~2e-7 over [-87, 88].
-static inline float fast_expf(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float n = nearbyintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } scale;
-    scale.i = ((int32_t)n + 127) << 23;
-    return p * scale.f;
-}
-
 // gate_up: [M, 2I] (gate | up) -> silu(gate) * up, quantized per row.
 void tm_silu_mul_quant(const float* gu, int64_t M, int64_t I, int8_t* q, float* scale, int nthreads) {
 #pragma omp parallel num_threads(nthreads) if (M > 8)
@@ -179,7 +159,7 @@ void tm_silu_mul_quant(const float* gu, int64_t M, int64_t I, int8_t* q, float* 
             const float* g = gu + m * 2 * I;
             const float* u = g + I;
 #pragma omp simd
-            for (int64_t i = 0; i < I; ++i) tmp[i] = (g[i] / (1.0f + fast_expf(-g[i]))) * u[i];
+            for (int64_t i = 0; i < I; ++i) tmp[i] = (g[i] / (1.0f + poly_expf(-g[i]))) * u[i];
             quantize_row(tmp, I, q + m * I, scale + m);
         }
         free(tmp);

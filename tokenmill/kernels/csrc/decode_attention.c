@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "poly_exp.h"
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #define CHUNKED_BODY 1  // a vector body for head sizes 64 and 128
@@ -43,27 +45,6 @@ static inline const float* key_at(const HeadKeys* a, int64_t t) {
 
 static inline const float* value_at(const HeadKeys* a, int64_t t) {
     return a->values + (a->bt[t / a->bs] * a->bs + t % a->bs) * a->rec + a->head_off;
-}
-
-// exp(x) by Cody-Waite range reduction and a degree-6 polynomial (relative error ~2e-7 over
-// [-87, 88]); the portable body and the vector one compute the same sequence.
-static inline float poly_expf(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float n = nearbyintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } scale = {.i = ((int32_t)n + 127) << 23};
-    return p * scale.f;
 }
 
 // The portable body: one query head over its visible keys, softmax(q . k * scale) . v.
