@@ -310,24 +310,33 @@ def test_a_stop_inside_the_accepted_drafts_ends_the_request_there(native_path, n
             assert spec.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
 
 
-def test_ngram_speculation_on_a_copy_task_is_lossless(embedded_llm):
-    """The embedded model asked to repeat a passage: n-gram lookup drafts most tokens."""
-    passage = (
-        "The committee met on Tuesday to review the annual budget. Members discussed the "
-        "allocation of funds for road repairs, the new library wing, and the expansion of the "
-        "public transit network."
-    )
-    messages = [{"role": "user", "content": f"Repeat this passage exactly:\n\n{passage}"}]
-    params = SamplingParams(temperature=0, max_tokens=60)
-    plain = embedded_llm.chat(messages, params)[0].outputs[0]
-    llm = LLM(
+COPY_TASK = [
+    {
+        "role": "user",
+        "content": "Repeat this passage exactly:\n\nThe committee met on Tuesday to review the "
+        "annual budget. Members discussed the allocation of funds for road repairs, the new "
+        "library wing, and the expansion of the public transit network.",
+    }
+]
+
+
+def ngram_llm() -> LLM:
+    """The embedded model with every n-gram draft verified."""
+    return LLM(
         None,
         kv_cache_memory_gib=0.1,
         speculative="ngram",
         num_speculative_tokens=5,
         speculative_draft_policy="fixed",
     )
-    ours = llm.chat(messages, params)[0].outputs[0]
+
+
+def test_ngram_speculation_on_a_copy_task_is_lossless(embedded_llm):
+    """The embedded model asked to repeat a passage: n-gram lookup drafts most tokens."""
+    params = SamplingParams(temperature=0, max_tokens=60)
+    plain = embedded_llm.chat(COPY_TASK, params)[0].outputs[0]
+    llm = ngram_llm()
+    ours = llm.chat(COPY_TASK, params)[0].outputs[0]
     assert ours.token_ids == plain.token_ids and ours.text == plain.text
     stats = llm.engine.core.scheduler.spec_stats
     assert stats.mean_acceptance_length > 2, stats
@@ -337,26 +346,14 @@ def test_ngram_speculation_on_a_copy_task_is_lossless(embedded_llm):
 def test_stop_strings_inside_accepted_drafts_end_the_output_there(embedded_llm):
     """Several tokens arrive per step under speculation: the output keeps the tokens up to the
     one that completed a stop string (as without speculation), not the rest of the step's."""
-    passage = (
-        "The committee met on Tuesday to review the annual budget. Members discussed the "
-        "allocation of funds for road repairs, the new library wing, and the expansion of the "
-        "public transit network."
-    )
-    messages = [{"role": "user", "content": f"Repeat this passage exactly:\n\n{passage}"}]
-    llm = LLM(
-        None,
-        kv_cache_memory_gib=0.1,
-        speculative="ngram",
-        num_speculative_tokens=5,
-        speculative_draft_policy="fixed",
-    )
+    llm = ngram_llm()
     for stop, include in (("library", False), ("funds for", True), ("Members", False)):
         params = SamplingParams(
             temperature=0, max_tokens=60, stop=[stop], include_stop_str_in_output=include,
             logprobs=2,
         )  # fmt: skip
-        plain = embedded_llm.chat(messages, params)[0].outputs[0]
-        ours = llm.chat(messages, params)[0].outputs[0]
+        plain = embedded_llm.chat(COPY_TASK, params)[0].outputs[0]
+        ours = llm.chat(COPY_TASK, params)[0].outputs[0]
         assert ours.token_ids == plain.token_ids, stop
         assert ours.text == plain.text and ours.finish_reason == plain.finish_reason == "stop"
         assert len(ours.logprobs) == len(ours.token_ids)
