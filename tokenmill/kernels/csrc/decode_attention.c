@@ -47,6 +47,17 @@ static inline const float* value_at(const HeadKeys* a, int64_t t) {
     return a->values + (a->bt[t / a->bs] * a->bs + t % a->bs) * a->rec + a->head_off;
 }
 
+// The keys t0 .. t0 + n - 1 of a tile of `width` (the block table walked, not divided, per
+// key); the lanes past n repeat the first key (their scores are never stored).
+static inline void key_tile(const HeadKeys* a, int64_t t0, int64_t n, int width, const float** kp) {
+    int64_t blk = t0 / a->bs, off = t0 % a->bs;
+    for (int64_t j = 0; j < n; j++) {
+        kp[j] = a->keys + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
+        if (++off == a->bs) off = 0, blk++;
+    }
+    for (int64_t j = n; j < width; j++) kp[j] = kp[0];
+}
+
 // The portable body: one query head over its visible keys, softmax(q . k * scale) . v.
 static void attend_head(const HeadKeys* a, const float* qh, int64_t hd, float* scores, float* oh) {
     float mx = -INFINITY;
@@ -77,7 +88,6 @@ static void attend_head(const HeadKeys* a, const float* qh, int64_t hd, float* s
 }
 
 #if defined(__AVX512F__)
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 ALWAYS_INLINE __m512 exp512(__m512 x) {  // poly_expf on 16 lanes
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -137,14 +147,8 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
     const int64_t cap = c1 - c0;
     const __m512 scale = _mm512_set1_ps(a->scale);
     for (int64_t t0 = c0; t0 < c1; t0 += 16) {
-        const int64_t nt = c1 - t0 < 16 ? c1 - t0 : 16;
         const float* kp[16];
-        int64_t blk = t0 / a->bs, off = t0 % a->bs;  // walked, not divided, per key
-        for (int j = 0; j < nt; j++) {
-            kp[j] = a->keys + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
-            if (++off == a->bs) off = 0, blk++;
-        }
-        for (int64_t j = nt; j < 16; j++) kp[j] = kp[0];
+        key_tile(a, t0, c1 - t0 < 16 ? c1 - t0 : 16, 16, kp);
         for (int64_t j = 0; j < n; j++) {
             const int64_t visible = vis[j] - t0;  // of this tile's keys
             if (visible <= 0) continue;
@@ -245,14 +249,8 @@ ALWAYS_INLINE void attend_chunk_avx2(const HeadKeys* a, int64_t c0, int64_t c1, 
     const int64_t cap = c1 - c0;
     const __m256 scale = _mm256_set1_ps(a->scale);
     for (int64_t t0 = c0; t0 < c1; t0 += 8) {
-        const int64_t nt = c1 - t0 < 8 ? c1 - t0 : 8;
         const float* kp[8];
-        int64_t blk = t0 / a->bs, off = t0 % a->bs;  // walked, not divided, per key
-        for (int j = 0; j < nt; j++) {
-            kp[j] = a->keys + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
-            if (++off == a->bs) off = 0, blk++;
-        }
-        for (int64_t j = nt; j < 8; j++) kp[j] = kp[0];
+        key_tile(a, t0, c1 - t0 < 8 ? c1 - t0 : 8, 8, kp);
         for (int64_t j = 0; j < n; j++) {
             const int64_t visible = vis[j] - t0;  // of this tile's keys
             if (visible <= 0) continue;
