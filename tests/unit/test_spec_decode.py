@@ -437,19 +437,38 @@ def test_the_draft_policy_drafts_only_where_it_pays():
 
 def test_acceptance_estimate_follows_recent_drafts():
     a = Acceptance()
-    assert a.rate == pytest.approx(0.7)  # the prior
+    assert a.rate() == pytest.approx(0.7)  # the first prior
     for _ in range(10):
         a.record(4, 0)
-    assert a.rate < 0.3
+    assert a.rate() < 0.3
     for _ in range(10):
         a.record(4, 4)
-    assert a.rate > 0.9
+    assert a.rate() > 0.9
     for _ in range(10):
         a.record(4, 0)
-    low = a.rate
+    low = a.rate()
     for _ in range(20):  # steps without drafts: the failures fade, the prior comes back
         a.idle()
-    assert low < 0.45 and low + 0.15 < a.rate <= 0.7
+    assert low < 0.45 and low + 0.15 < a.rate() <= 0.7
+
+
+def test_a_new_request_starts_from_the_server_wide_acceptance():
+    """A proposer that does not pay for this traffic is not tried afresh at every request:
+    the server's recent rate is a new request's prior; it drifts back up while nobody drafts."""
+    policy = DraftPolicy(StepTimes())
+    assert policy.acceptance(Acceptance()) == pytest.approx(0.7)
+    for _ in range(40):  # earlier requests: every draft rejected
+        policy.record(Acceptance(), 3, 0)
+    fresh = Acceptance()
+    assert policy.acceptance(fresh) < 0.1
+    for _ in range(3):  # its own drafts pass: its estimate follows them
+        policy.record(fresh, 3, 3)
+    assert policy.acceptance(fresh) > 0.7
+    low = policy.acceptance(Acceptance())
+    assert low < 0.3
+    for _ in range(400):  # request-steps without drafts
+        policy.idle(Acceptance())
+    assert policy.acceptance(Acceptance()) > low + 0.1
 
 
 def test_the_auto_policy_stops_drafting_for_a_request_whose_drafts_fail(

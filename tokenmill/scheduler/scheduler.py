@@ -222,10 +222,10 @@ class Scheduler:
         if room <= 0:
             return []
         assert self.proposer is not None
-        rate = request.spec_acceptance.rate
+        rate = self.draft_policy.acceptance(request.spec_acceptance)
         room = self.draft_policy.num_drafts(rate, room)  # no drafting where none would pay
         if room <= 0:
-            request.spec_acceptance.idle()
+            self.draft_policy.idle(request.spec_acceptance)
             return []
         if getattr(self.proposer, "needs_features", False):
             drafts = self.proposer.propose(
@@ -270,7 +270,9 @@ class Scheduler:
             if sr.spec_token_ids:
                 request.num_computed_tokens += len(sampled)
                 self.spec_stats.record(len(sr.spec_token_ids), len(sampled) - 1)
-                request.spec_acceptance.record(len(sr.spec_token_ids), len(sampled) - 1)
+                self.draft_policy.record(
+                    request.spec_acceptance, len(sr.spec_token_ids), len(sampled) - 1
+                )
             else:
                 request.num_computed_tokens += sr.num_new_tokens
             new_tokens: list[int] = []

@@ -26,7 +26,10 @@ _TRUSTED = 3  # observations before a row count's own median is used
 _PRIOR_ROW_COST = 0.35  # extra row vs a 1-row step, until measured (CPU decode, 2 cores)
 _DECAY = 0.8  # weight of a request's earlier drafts in its acceptance estimate
 _IDLE_DECAY = 0.9  # per step without drafts: the estimate drifts back toward the prior
-_PRIOR_TRIALS, _PRIOR_ACCEPTED = 2.0, 1.4  # a new request: acceptance 0.7, weakly held
+_SERVER_DECAY = 0.98  # the server-wide estimate: the last ~50 verifications of any request
+_SERVER_IDLE_DECAY = 0.995  # per request-step without drafts (it drifts back to _FIRST_PRIOR)
+_PRIOR_TRIALS = 2.0  # a request's prior: the server-wide rate, weakly held
+_FIRST_PRIOR = 0.7  # the server-wide rate before any verification
 
 
 def context_bucket(context_tokens: int) -> int:
@@ -80,6 +83,7 @@ class DraftPolicy:
     def __init__(self, times: StepTimes, adaptive: bool = True) -> None:
         self.times = times
         self.adaptive = adaptive
+        self.server = Acceptance(_SERVER_DECAY)  # all requests' drafts: a new one's prior
         self.rows = 0
         self.tokens = 0.0
         self.context = 0
@@ -106,29 +110,45 @@ class DraftPolicy:
         self.rows += drafts
         self.tokens += expected_tokens(acceptance, drafts) - 1.0
 
+    def acceptance(self, request: Acceptance) -> float:
+        """A request's acceptance estimate; its prior is the server-wide rate."""
+        return request.rate(self.server.rate())
+
+    def record(self, request: Acceptance, drafted: int, accepted: int) -> None:
+        request.record(drafted, accepted)
+        self.server.record(drafted, accepted)
+
+    def idle(self, request: Acceptance) -> None:
+        """A request given no drafts this step: its evidence and (slowly) the server's fade."""
+        request.idle()
+        self.server.idle(_SERVER_IDLE_DECAY)
+
 
 class Acceptance:
-    """A request's recent per-draft acceptance rate (decayed counts with a prior)."""
+    """A recent per-draft acceptance rate (decayed counts with a prior): each request's, and
+    the server's over all requests, which is a new request's prior (so a proposer that does
+    not pay for this traffic, e.g. a draft head on chat it was not trained for, is not tried
+    afresh at every request)."""
 
-    __slots__ = ("trials", "accepted")
+    __slots__ = ("trials", "accepted", "decay")
 
-    def __init__(self) -> None:
+    def __init__(self, decay: float = _DECAY) -> None:
         self.trials = 0.0
         self.accepted = 0.0
+        self.decay = decay
 
-    @property
-    def rate(self) -> float:
-        return (self.accepted + _PRIOR_ACCEPTED) / (self.trials + _PRIOR_TRIALS)
+    def rate(self, prior: float = _FIRST_PRIOR) -> float:
+        return (self.accepted + _PRIOR_TRIALS * prior) / (self.trials + _PRIOR_TRIALS)
 
-    def idle(self) -> None:
+    def idle(self, decay: float = _IDLE_DECAY) -> None:
         """A step without drafts (none would pay): older evidence fades toward the prior, so a
         request whose drafts failed tries again after a while (a copy task's edit point
         passes; without this it would never draft again and never see it)."""
-        self.trials *= _IDLE_DECAY
-        self.accepted *= _IDLE_DECAY
+        self.trials *= decay
+        self.accepted *= decay
 
     def record(self, drafted: int, accepted: int) -> None:
         """`accepted` of `drafted` passed: accepted successes, then one failure unless all
         passed (the drafts after a rejection were never tested)."""
-        self.trials = _DECAY * self.trials + accepted + (1 if accepted < drafted else 0)
-        self.accepted = _DECAY * self.accepted + accepted
+        self.trials = self.decay * self.trials + accepted + (1 if accepted < drafted else 0)
+        self.accepted = self.decay * self.accepted + accepted
