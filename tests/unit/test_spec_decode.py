@@ -50,6 +50,27 @@ def test_ngram_proposes_what_followed_the_latest_earlier_occurrence():
     assert NgramProposer(2, 4, 5).propose([1, 2, 3, 1, 2], 5) == [3, 1, 2]  # runs to the end
 
 
+def test_ngram_lookup_equals_a_plain_scan():
+    """The vectorized lookup (candidate ends where the last token recurs) against the plain
+    definition: the longest n first, the most recent earlier occurrence, k tokens after it."""
+
+    def scan(tokens, min_n, max_n, k):
+        if k <= 0 or len(tokens) <= min_n:
+            return []
+        for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+            for s in range(len(tokens) - n - 1, -1, -1):
+                if tokens[s : s + n] == tokens[-n:]:
+                    return tokens[s + n : s + n + k]
+        return []
+
+    rng = random.Random(0)
+    proposer = NgramProposer(2, 5, 7)
+    for _ in range(1000):
+        tokens = [rng.randrange(rng.choice([2, 3, 50])) for _ in range(rng.randrange(1, 60))]
+        for limit in (0, 1, 3, 7):
+            assert proposer.propose(tokens, limit) == scan(tokens, 2, 5, min(7, limit)), tokens
+
+
 def test_greedy_verification_accepts_the_matching_prefix_plus_one():
     assert accept_drafts([5, 6, 7], [5, 6, 7, 8]) == [5, 6, 7, 8]  # all pass: bonus token
     assert accept_drafts([5, 6, 7], [5, 9, 7, 8]) == [5, 9]  # second draft rejected

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 # Only the most recent tokens are searched: bounds the cost per step on long sequences.
 MAX_SEARCH_TOKENS = 8192
@@ -24,12 +23,14 @@ class NgramProposer:
         if k <= 0 or len(token_ids) <= self.min_n:
             return []
         tokens = np.asarray(token_ids[-MAX_SEARCH_TOKENS:], dtype=np.int64)
+        # an earlier occurrence ends where the last token occurs again (not at the very end:
+        # at least one token follows it); only those ends are compared further back
+        ends = np.flatnonzero(tokens[:-1] == tokens[-1])
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
-            suffix = tokens[-n:]
-            # windows starting at 0 .. len - n - 1: each has at least one token after it
-            windows = sliding_window_view(tokens[:-1], n)
-            hits = np.flatnonzero((windows == suffix).all(axis=1))
+            room = ends[ends >= n - 1]  # n tokens fit before the end
+            spans = tokens[room[:, None] - np.arange(n - 1, -1, -1)]  # [ends, n]
+            hits = room[(spans == tokens[-n:]).all(axis=1)]
             if hits.size:
-                start = int(hits[-1]) + n  # the most recent earlier occurrence
+                start = int(hits[-1]) + 1  # after the most recent earlier occurrence
                 return tokens[start : start + k].tolist()
         return []
