@@ -214,11 +214,7 @@ class Scheduler:
         if request.grammar is not None:
             # constrained output starts closing (a rule of its own) once few tokens are left;
             # a position verified past that point would be sampled without it
-            left = min(
-                request.max_tokens - request.num_output_tokens,
-                self.max_model_len - request.num_tokens,
-            )
-            room = min(room, left - closing_reserve(request.max_tokens) - 1)
+            room = min(room, self._tokens_before_closing(request) - 1)
         if room <= 0:
             return []
         assert self.proposer is not None
@@ -369,10 +365,17 @@ class Scheduler:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
         else:
             if request.grammar is not None and not request.closing:
-                left = min(request.max_tokens - num_out, self.max_model_len - request.num_tokens)
-                request.closing = left <= closing_reserve(request.max_tokens)
+                request.closing = self._tokens_before_closing(request) <= 0
             return False
         return True
+
+    def _tokens_before_closing(self, request: Request) -> int:
+        """Output tokens a constrained request may still produce before it starts closing."""
+        left = min(
+            request.max_tokens - request.num_output_tokens,
+            self.max_model_len - request.num_tokens,
+        )
+        return left - closing_reserve(request.max_tokens)
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
