@@ -1,20 +1,21 @@
 // Decode attention straight from the paged cache (no gather): each query row attends to the
 // visible keys of its sequence.
 //
-// AVX-512 body (head sizes 64 and 128), flash-decoding style: a task is one KV head's keys
-// in a range of KEY_CHUNK positions, for every query that reads them: the query heads sharing
-// the KV head (GQA) and the rows that continue one sequence (a request's drafted tokens under
-// speculative decoding: the same blocks, each row one key longer than the one before). So
-// each key and value is read once per step, and a long sequence spreads over the threads.
+// AVX-512 and AVX2 bodies (head sizes 64 and 128), flash-decoding style: a task is one KV
+// head's keys in a range of KEY_CHUNK positions, for every query that reads them: the query
+// heads sharing the KV head (GQA) and the rows that continue one sequence (a request's
+// drafted tokens under speculative decoding: the same blocks, each row one key longer than
+// the one before). So each key and value is read once per step, and a long sequence spreads
+// over the threads.
 // Per query, a chunk leaves its maximum score, exp-sum and unnormalized output; a second
 // pass merges the chunks in key order. Chunks sit at fixed key positions, so each row's
 // arithmetic is the same whatever else is in the batch and however rows are grouped.
-// Inside a chunk: scores 16 keys at a time (one vector of products per key, summed across
-// lanes by a fixed tree), exp as a polynomial over 16 scores, values accumulated for up to 4
-// queries per pass.
+// Inside a chunk: scores a vector width of keys at a time (16 or 8; one vector of products
+// per key, summed across lanes by a fixed tree), exp as a polynomial over a vector of scores,
+// values accumulated for a few queries per pass.
 //
-// Other head sizes, sliding windows and builds without AVX-512: one task per (row, head),
-// the portable body.
+// Other head sizes, sliding windows and builds without AVX2: one task per (row, head), the
+// portable body.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -453,8 +454,8 @@ void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_bloc
                 !continues(block_table, seq_lens, max_blocks, bs, b - 1))
                 run_start[runs++] = b;
         run_start[runs] = B;
-        decode_chunked(q, kv, vbase, block_table, seq_lens, run_start, runs, nh, nkv, hd,
-                              bs, max_blocks, scale, out, nthreads);
+        decode_chunked(q, kv, vbase, block_table, seq_lens, run_start, runs, nh, nkv, hd, bs,
+                       max_blocks, scale, out, nthreads);
         free(run_start);
         return;
     }
