@@ -135,6 +135,11 @@ def prepared(prefetch: WeightPrefetch | None, kind: str, weight: PackedWeight):
 # Up to this many rows the packed kernel dequantizes in registers (decode); above, chunks of
 # rows are dequantized for a BLAS GEMM (measured on 576 x 1536 and 49152 x 576 weights).
 PACKED_GEMV_MAX_ROWS = 8
+# Up to this many rows the integer-dot GEMV runs (8 rows per pass over the weights) where the
+# format has it: a decode step of the embedded model (AVX-512 VNNI) with 16 rows takes 60 ms
+# on one thread (fp32 GEMM: 118), 39 on two (70); 32 rows 119 / 78 (161 / 93); at 48 the GEMM
+# catches up. A row's result then never depends on the other rows of its step up to here.
+INT_DOT_MAX_ROWS = 32
 # fp32 bytes dequantized at a time for the GEMM path (stays in L2/L3, never a full copy)
 _DEQUANT_CHUNK_BYTES = 4 << 20
 
@@ -185,9 +190,9 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()
+        if self.int_dot is not None and x.shape[0] <= INT_DOT_MAX_ROWS:
+            return ops.int_dot_linear(x, self.int_dot, self.weight, self.bias, residual)
         if x.shape[0] <= PACKED_GEMV_MAX_ROWS:
-            if self.int_dot is not None:
-                return ops.int_dot_linear(x, self.int_dot, self.weight, self.bias, residual)
             return ops.qlinear(x, self.weight, self.bias, residual)
         if self.float_linear is not None:
             return self.float_linear(x, residual)
