@@ -15,7 +15,8 @@ Part 3, serving (`tokenmill bench`, same total threads): short chats (~150-token
 64 output tokens) at a steady rate with long prompts (2-8k tokens) among them, replayed from
 one trace against `tokenmill cluster --replicas 2` (aggregated: 1 thread each, the router
 in front) and `--replicas 1 --num-threads 2` (aggregated-1x2), and `--prefill 1 --decode 1`
-with --pd-mode always and conditional. Printed per layout: the short chats' ITL p99 and TTFT
+with --pd-mode always and conditional (variants: a decode worker's prefill budget of 64 or
+32 tokens per step; every worker with the default 2 GiB KV pool). Printed per layout: the short chats' ITL p99 and TTFT
 p50/p99, the long prompts' TTFT, output throughput, and the ratios to aggregated.
 
     python benchmarks/disagg.py [--quick] [--skip-serving] [--out bench-results/disagg]
@@ -245,7 +246,7 @@ def write_trace(path: Path, args: argparse.Namespace) -> None:
 
 
 def serve_layout(name: str, flags: list[str], trace: Path, n: int, out: Path) -> dict:
-    proc, url = launch_cluster([*flags, "--kv-cache-memory", "0.6"], out / "logs" / name)
+    proc, url = launch_cluster(flags, out / "logs" / name)  # default KV pools (2 GiB each)
     try:
         cmd = [sys.executable, "-m", "tokenmill.cli", "bench", "--base-url", url, "--name", name,
                "--endpoint", "chat", "--workload", "trace", "--dataset", str(trace),
@@ -308,34 +309,25 @@ def print_serving(runs: dict[str, dict], args: argparse.Namespace) -> None:
               f"{' (' + str(r['failed']) + ' failed)' if r['failed'] else ''}")  # fmt: skip
 
 
+def split_layout(mode: str, decode_budget: int | None = None) -> list[str]:
+    """1 prefill + 1 decode worker; a decode budget caps the tokens the decode worker
+    prefills per step (its streams wait for no more), the prefill worker keeps 2048."""
+    flags = ["--prefill", "1", "--decode", "1", "--pd-mode", mode]
+    if decode_budget:
+        flags += ["--decode-args", f"--max-num-batched-tokens {decode_budget}"]
+    return flags
+
+
 LAYOUTS = {
     "aggregated": ["--replicas", "2"],
     "aggregated-1x2": ["--replicas", "1", "--num-threads", "2"],
-    "disagg-always": ["--prefill", "1", "--decode", "1", "--pd-mode", "always"],
-    "disagg-cond": ["--prefill", "1", "--decode", "1", "--pd-mode", "conditional"],
-    # the decode worker prefills at most 64 tokens per step (its streams wait for no more);
-    # the prefill worker keeps the default 2048 for long prompts
-    "disagg-cond-c64": [
-        "--prefill",
-        "1",
-        "--decode",
-        "1",
-        "--pd-mode",
-        "conditional",
-        "--decode-args",
-        "--max-num-batched-tokens 64",
-    ],
+    "disagg-always": split_layout("always"),
+    "disagg-cond": split_layout("conditional"),
+    "disagg-cond-c64": split_layout("conditional", 64),
     "aggregated-c64": ["--replicas", "2", "--max-num-batched-tokens", "64"],
-    "disagg-always-c64": [
-        "--prefill",
-        "1",
-        "--decode",
-        "1",
-        "--pd-mode",
-        "always",
-        "--decode-args",
-        "--max-num-batched-tokens 64",
-    ],
+    "disagg-always-c64": split_layout("always", 64),
+    "disagg-cond-c32": split_layout("conditional", 32),
+    "aggregated-c32": ["--replicas", "2", "--max-num-batched-tokens", "32"],
 }
 
 
@@ -365,7 +357,7 @@ def main() -> None:
         summary["transfer"] = transfer_part(sizes, repeats)
         print_transfer(summary["transfer"])
     if not args.skip_stall:
-        summary["stall"] = stall_part([128, 256, 512, 1024, 2048])
+        summary["stall"] = stall_part([32, 64, 128, 512, 2048])
         print_stall(summary["stall"], summary.get("transfer"))
     if not args.skip_serving:
         trace = out / "mixed-trace.jsonl"

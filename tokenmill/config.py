@@ -130,8 +130,14 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"  # "fcfs" or "priority"
     max_waiting_requests: int | None = None  # None: unbounded queue (the server bounds it)
+    # vLLM's name: a prompt chunk never takes more than this per step (0: off), so prompts
+    # that arrive later run beside a long one instead of waiting for its whole prefill (a
+    # prefill worker shares its steps between prompts; see router/disagg.py)
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold: must be >= 0")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs: must be >= 1")
         if self.max_num_batched_tokens < 1:

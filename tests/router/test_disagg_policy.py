@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from tokenmill.router.config import RouterConfig
 from tokenmill.router.disagg import DisaggConfig, eligible_prefill
+from tokenmill.router.prompts import RequestKey
 from tokenmill.router.replicas import Replica, ReplicaSpec
+from tokenmill.router.router import Router
 
 
 def worker(port: int, role: str = "prefill") -> Replica:
@@ -29,9 +32,10 @@ def test_conditional_remote_only_for_long_uncached_prompts_and_free_workers():
     assert names(eligible_prefill(cfg, 600, 1, [a, b], {}, {a.name: 3600.0})) == [b.name]
     full = eligible_prefill(cfg, 600, 1, [a, b], {}, {a.name: 3600.0, b.name: 5000.0})
     assert full[:2] == ([], "saturated")
-    # a prompt longer than the queue bound still goes to an idle worker
-    assert names(eligible_prefill(cfg, 8000, 1, [a], {}, {a.name: 0.0})) == [a.name]
-    assert eligible_prefill(cfg, 8000, 1, [a], {}, {a.name: 16.0})[1] == "saturated"
+    # a long prompt waits for up to its own length rather than stall the decode streams
+    assert names(eligible_prefill(cfg, 8000, 1, [a], {}, {a.name: 8000.0})) == [a.name]
+    assert eligible_prefill(cfg, 8000, 1, [a], {}, {a.name: 8001.0})[1] == "saturated"
+    assert eligible_prefill(cfg, 3000, 1, [a], {}, {a.name: 3001.0})[1] == "saturated"
 
 
 @pytest.mark.parametrize(
@@ -58,3 +62,43 @@ def test_roles_and_endpoints_from_server_info():
         assert (r.role, r.kv_endpoint) == ("both", None)
     with pytest.raises(ValueError):
         DisaggConfig(mode="sometimes")
+
+
+def split_router(share: int) -> Router:
+    """One decode and one prefill worker; the prefill worker's long_prefill_token_threshold."""
+    specs = [ReplicaSpec.parse(f"http://127.0.0.1:{p}") for p in (9001, 9002)]
+    router = Router(RouterConfig(disagg=DisaggConfig(min_uncached_tokens=64)), specs)
+    for spec, role in zip(specs, ("decode", "prefill"), strict=True):
+        kv = {"role": role, "endpoint": "tcp://127.0.0.1:7001"}
+        router.mark_up(spec.name, {"engine": {"block_size": 16, "pid": 1, "kv_transfer": kv,
+                                              "scheduler": {"long_prefill_token_threshold": share}}})  # fmt: skip
+    return router
+
+
+def prompt(first: int, n: int) -> RequestKey:
+    ids = tuple(range(first, first + n))
+    return RequestKey(ids, n)
+
+
+@pytest.mark.parametrize("share, short_remote", [(0, False), (256, True)])
+def test_a_short_prompt_waits_behind_a_long_one_only_where_steps_are_not_shared(
+    share, short_remote
+):
+    router = split_router(share)
+    long, short = prompt(1000, 6000), prompt(20000, 150)
+    d = router.decide(long, "long")
+    assert router.decide_disagg(long, d, "long").remote
+    dd = router.decide_disagg(short, router.decide(short, "short"), "short")
+    # shared steps: the short prompt waits for ~its own length of the long one, not 6000
+    assert dd.remote is short_remote
+    assert dd.reason == ("uncached 150 >= 64 tokens" if short_remote else
+                         "every prefill worker is at max_prefill_in_flight requests or "
+                         "max_prefill_queue_tokens")  # fmt: skip
+
+
+def test_the_prompt_share_is_learned_from_server_info_and_bounded():
+    r = worker(1)
+    assert r.prompt_share_tokens == 0
+    for share, learned in ((256, 256), (-1, 0), ("256", 0), (True, 0), (1 << 40, 0)):
+        r.learn_kv_transfer({"engine": {"scheduler": {"long_prefill_token_threshold": share}}})
+        assert r.prompt_share_tokens == learned

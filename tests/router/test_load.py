@@ -16,6 +16,14 @@ def test_pending_prefill_until_first_token_or_ttl():
     assert lt.in_flight("x") == 2 and lt.pending_prefill("y") == 0.0
 
 
+def test_pending_prefill_ahead_of_a_prompt_on_shared_steps():
+    lt = LoadTracker()
+    lt.book("long", "x", (1,), 375.0, now=0)
+    lt.book("short", "x", (2,), 4.0, now=0)
+    assert lt.pending_prefill("x", now=1) == 379.0
+    assert lt.pending_prefill("x", now=1, share=10.0) == 14.0  # 10 of the long one, all of 4
+
+
 def test_active_blocks_count_shared_prefixes_once():
     lt = LoadTracker()
     a = lt.book("r1", "x", (1, 2, 3), 3.0)

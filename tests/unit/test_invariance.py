@@ -63,6 +63,28 @@ def test_chunked_prefill_matches_unchunked(tiny_llama_dir, reference):
     assert run_checked(unchunked, prompts) == alone
 
 
+def test_prompt_share_per_step_matches_alone(tiny_llama_dir, reference):
+    prompts, alone = reference
+    llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.1, long_prefill_token_threshold=8)
+    assert run_checked(llm, prompts) == alone
+
+
+def test_short_prompt_runs_beside_a_long_one(tiny_llama_dir):
+    """long_prefill_token_threshold: a prompt arriving during a long one's prefill is
+    computed in the next step instead of after the long one's whole prefill."""
+    split = {}
+    for threshold in (0, 16):
+        llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.1, max_num_batched_tokens=64,
+                  long_prefill_token_threshold=threshold)  # fmt: skip
+        engine, params = llm.engine, SamplingParams(max_tokens=2)
+        engine.add_request("long", {"prompt_token_ids": list(range(100, 300))}, params)
+        engine.step()
+        engine.add_request("short", {"prompt_token_ids": [11, 12, 13]}, params)
+        out = engine.core.scheduler.schedule()
+        split[threshold] = {s.request.request_id: s.num_new_tokens for s in out.scheduled}
+    assert split == {0: {"long": 64}, 16: {"long": 16, "short": 3}}
+
+
 def test_preemption_matches_large_pool(tiny_llama_dir, reference):
     prompts, alone = reference
     # 16 blocks x 16 tokens: every request fits alone (<= 110 tokens), but 32 at once cannot.

@@ -22,6 +22,11 @@ from tokenmill.config import (
     default_num_threads,
 )
 
+# A prefill worker's per-prompt share of a step (--long-prefill-token-threshold's default for
+# --role prefill): a short prompt arriving during an 8k one waits one ~0.6 s step on one
+# thread of this CPU instead of the long prompt's whole prefill (benchmarks/disagg.py)
+PREFILL_ROLE_CHUNK = 256
+
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
@@ -95,6 +100,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     g.add_argument("--no-chunked-prefill", action="store_true", help="schedule whole prompts only")
+    g.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a prompt takes at most N tokens of a step, so later prompts run beside a long "
+        f"one (0: off; default: {PREFILL_ROLE_CHUNK} on a --role prefill worker, else off)",
+    )
     g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     g.add_argument(
         "--num-threads", type=int, default=None, help="torch threads (default: all cores)"
@@ -257,6 +270,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=not args.no_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
         scheduling_policy=args.scheduling_policy,
         num_threads=args.num_threads,
         seed=args.seed,
@@ -297,6 +311,7 @@ def build_engine_config(
     max_num_seqs: int = 128,
     max_num_batched_tokens: int = 2048,
     enable_chunked_prefill: bool = True,
+    long_prefill_token_threshold: int | None = None,
     scheduling_policy: str = "fcfs",
     max_waiting_requests: int | None = None,
     num_threads: int | None = None,
@@ -321,6 +336,10 @@ def build_engine_config(
         raise ValueError("record-traffic-max-mib: must be >= 1")
     if speculator is not None and speculative is None:
         speculative = "draft_head"
+    kv_transfer_config = kv_transfer_config or KVTransferConfig()
+    if long_prefill_token_threshold is None:
+        prefill_role = kv_transfer_config.role == "prefill"
+        long_prefill_token_threshold = PREFILL_ROLE_CHUNK if prefill_role else 0
     return EngineConfig(
         model_config=ModelConfig(
             model=model,
@@ -352,12 +371,13 @@ def build_engine_config(
             enable_chunked_prefill,
             scheduling_policy,
             max_waiting_requests,
+            long_prefill_token_threshold,
         ),
         num_threads=num_threads or default_num_threads(),
         record_traffic_dir=record_traffic,
         record_traffic_max_bytes=record_traffic_max_mib << 20,
         warm_up=warm_up,
-        kv_transfer_config=kv_transfer_config or KVTransferConfig(),
+        kv_transfer_config=kv_transfer_config,
         speculative_config=(
             SpeculativeConfig(
                 speculative,

@@ -57,6 +57,12 @@ class EngineCoreProc:
             "pid": os.getpid(),
             "startup": core.profile.to_dict(),
             "kv_transfer": core.kv_connector.info() if core.kv_connector else None,
+            "scheduler": {
+                "max_num_batched_tokens": core.config.scheduler_config.max_num_batched_tokens,
+                "long_prefill_token_threshold": (
+                    core.config.scheduler_config.long_prefill_token_threshold
+                ),
+            },
         }
         self.output.send_multipart([b"READY", pack(info)])
 

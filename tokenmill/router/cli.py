@@ -89,8 +89,9 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     )
     pd.add_argument(
         "--pd-max-prefill-queue-tokens", type=int, default=d.max_prefill_queue_tokens,
-        metavar="N", help="... or with this many booked prompt tokens not yet prefilled (a "
-        "prompt that would queue behind them is prefilled on the decode worker)",
+        metavar="N", help="... or when the prompt would wait for this many booked prompt "
+        "tokens (each up to the prompt's length on a worker that shares its steps between "
+        "prompts); then the decode worker prefills it",
     )  # fmt: skip
 
 

@@ -3,9 +3,11 @@ whether a prefill worker computes the prompt while the decode worker pulls its K
 decode worker prefills it itself.
 
 Remote prefill pays off only when the part of the prompt the chosen decode worker does not
-hold is long: a short prefill costs the decode streams less than a transfer, and a decode
+hold is more than a few blocks: a tiny prefill costs the decode streams little, and a decode
 worker that already holds the prefix has little to compute. A saturated prefill pool would
-only add queueing, so then the decode worker prefills locally too.
+only add queueing, so then the decode worker prefills locally too. Prefill workers share
+their steps between prompts (`--long-prefill-token-threshold`), so a short prompt waits for
+about its own length of each prompt ahead, not for a long one's whole prefill.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ DISAGG_MODES = ("conditional", "always", "never")
 class DisaggConfig:
     mode: str = "conditional"
     # uncached prompt tokens from which a prefill worker computes the prompt (measured:
-    # benchmarks/disagg.py; below it the transfer and the second hop cost more than they save)
-    min_uncached_tokens: int = 512
-    max_prefill_in_flight: int = 4  # per prefill worker; beyond it the pool is saturated
-    # booked prompt tokens not yet prefilled on a prefill worker beyond which it is saturated
-    # too: a short prompt queued behind a long one would wait seconds for its first token
+    # benchmarks/disagg.py; on a CPU a local 128-token prefill stalls every stream of the
+    # decode worker ~12 decode steps, moving its blocks costs ~5 ms)
+    min_uncached_tokens: int = 64
+    max_prefill_in_flight: int = 16  # per prefill worker; beyond it the pool is saturated
+    # prefill work a prompt would wait for beyond which a prefill worker is saturated too,
+    # unless it waits for no more than its own length: booked prompt tokens not yet
+    # prefilled, each counted up to the prompt's own length on a worker that shares its steps
+    # between prompts (long_prefill_token_threshold)
     max_prefill_queue_tokens: int = 4096
 
     def __post_init__(self) -> None:
@@ -83,10 +88,13 @@ def eligible_prefill(
     if config.mode == "conditional" and uncached < threshold:
         return [], "short", f"uncached {uncached} < {threshold} tokens"
     queued = queued_tokens or {}
+    # a prompt may wait for max_prefill_queue_tokens minus its own length, or for as much as
+    # its own length (a long prompt computed on the decode worker would stall every stream)
+    may_wait = max(config.max_prefill_queue_tokens - uncached, uncached)
     free = [
         r for r in prefill_pool
         if in_flight.get(r.name, 0) < config.max_prefill_in_flight
-        and queued.get(r.name, 0.0) + uncached <= max(config.max_prefill_queue_tokens, uncached)
+        and queued.get(r.name, 0.0) <= may_wait
     ]  # fmt: skip
     if not free:
         return (

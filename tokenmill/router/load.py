@@ -83,13 +83,19 @@ class LoadTracker:
 
     # ------------------------------------------------------------ reads
 
-    def pending_prefill(self, replica: str, now: float | None = None) -> float:
+    def pending_prefill(
+        self, replica: str, now: float | None = None, share: float | None = None
+    ) -> float:
+        """Booked prompt blocks not yet computed. With `share` (blocks), each prompt counts
+        at most that much: on a replica that shares its steps between prompts, a new prompt
+        of `share` blocks is done once each one ahead has computed as many (or finished)."""
         load = self._loads.get(replica)
         if load is None:
             return 0.0
         now = time.monotonic() if now is None else now
+        cap = float("inf") if share is None else share
         return sum(
-            b.prefill_blocks
+            min(b.prefill_blocks, cap)
             for b in load.bookings.values()
             if not b.prefilled and b.pending_until > now
         )

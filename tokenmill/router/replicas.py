@@ -62,6 +62,9 @@ class Replica:
     draining: bool = False  # leaving: no new requests
     role: str = "both"  # prefill / decode / both (its /server_info says)
     kv_endpoint: str | None = None  # a prefill worker's KV block server
+    # its long_prefill_token_threshold: > 0, its steps are shared between the prompts it
+    # computes, so a short prompt does not wait for a long one's whole prefill
+    prompt_share_tokens: int = 0
     kv_transfer_stats: dict = field(default_factory=dict)  # its counters, last seen
 
     @property
@@ -83,5 +86,8 @@ class Replica:
             self.kv_endpoint = bound_to(endpoint, urlsplit(self.url).hostname or "127.0.0.1")
         else:
             self.kv_endpoint = None
+        sched = engine.get("scheduler") if isinstance(engine.get("scheduler"), dict) else {}
+        share = sched.get("long_prefill_token_threshold")
+        self.prompt_share_tokens = share if type(share) is int and 0 < share < 1 << 30 else 0
         stats = info.get("kv_transfer_stats")
         self.kv_transfer_stats = stats if isinstance(stats, dict) else {}

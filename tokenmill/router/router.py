@@ -291,7 +291,12 @@ class Router:
         ]  # fmt: skip
         in_flight = {r.name: self.loads.in_flight(r.name) for r in pool}
         now = self.clock()
-        queued = {r.name: self.loads.pending_prefill(r.name, now) * r.block_size for r in pool}
+        queued = {  # the prefill work this prompt would wait for on each worker
+            r.name: self.loads.pending_prefill(
+                r.name, now, uncached / r.block_size if r.prompt_share_tokens else None
+            ) * r.block_size
+            for r in pool
+        }  # fmt: skip
         num_seqs = key.num_seqs if key is not None else 0
         if decision.replica.role != "decode":
             free, code, why = (

@@ -157,6 +157,8 @@ class Scheduler:
                     budget -= 1 + len(drafts)
                     spec_rows_left -= len(drafts)
                     continue
+            if num_new > 1:
+                num_new = self._prefill_chunk(num_new)
             while not self.kv.allocate_slots(request, num_new):
                 victim = self._pick_victim()
                 budget += self._preempt(victim, scheduled)
@@ -180,7 +182,7 @@ class Scheduler:
             num_new = request.num_tokens - computed.num_tokens
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
-            num_new = min(num_new, budget)
+            num_new = self._prefill_chunk(min(num_new, budget))
             request.num_computed_tokens = computed.num_tokens
             if not self.kv.allocate_slots(request, num_new, computed):
                 request.num_computed_tokens = 0
@@ -199,6 +201,11 @@ class Scheduler:
         out.scheduled = list(scheduled.values())
         out.num_scheduled_tokens = sum(sr.num_new_tokens for sr in out.scheduled)
         return out
+
+    def _prefill_chunk(self, num_new: int) -> int:
+        """A prompt's share of one step: at most long_prefill_token_threshold when set."""
+        cap = self.config.long_prefill_token_threshold
+        return min(num_new, cap) if cap and self.config.enable_chunked_prefill else num_new
 
     def _propose(self, request: Request, max_drafts: int) -> list[int]:
         """Drafts for a decoding request, cut at the first one its grammar (if any) rejects;
