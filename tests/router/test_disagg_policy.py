@@ -36,6 +36,9 @@ def test_conditional_remote_only_for_long_uncached_prompts_and_free_workers():
     assert names(eligible_prefill(cfg, 8000, 1, [a], {}, {a.name: 8000.0})) == [a.name]
     assert eligible_prefill(cfg, 8000, 1, [a], {}, {a.name: 8001.0})[1] == "saturated"
     assert eligible_prefill(cfg, 3000, 1, [a], {}, {a.name: 3001.0})[1] == "saturated"
+    # ... or as long as computing it locally would stall the decode worker's streams
+    assert eligible_prefill(cfg, 3000, 1, [a], {}, {a.name: 8999.0}, 3)[1] == "long"
+    assert eligible_prefill(cfg, 3000, 1, [a], {}, {a.name: 9001.0}, 3)[1] == "saturated"
 
 
 @pytest.mark.parametrize(
@@ -91,6 +94,10 @@ def test_a_short_prompt_waits_behind_a_long_one_only_where_steps_are_not_shared(
     dd = router.decide_disagg(short, router.decide(short, "short"), "short")
     # shared steps: the short prompt waits for ~its own length of the long one, not 6000
     assert dd.remote is short_remote
+    # a 3,200-token prompt behind the long one waits there (<= 6,000 tokens) rather than
+    # stall the decode worker's two streams for 2 x 3,200
+    other = prompt(40000, 3200)
+    assert router.decide_disagg(other, router.decide(other, "other"), "other").remote
     assert dd.reason == ("uncached 150 >= 64 tokens" if short_remote else
                          "every prefill worker is at max_prefill_in_flight requests or "
                          "max_prefill_queue_tokens")  # fmt: skip

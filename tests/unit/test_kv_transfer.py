@@ -147,6 +147,25 @@ def test_pull_waits_for_a_prefill_that_starts_later_and_arrives_chunk_by_chunk(c
     assert decode.kv_connector.stats.blocks_received == (len(ids) - 1) // 16
 
 
+def test_pulls_waiting_on_long_prefills_do_not_hold_back_a_ready_one(cores):
+    """Many transfers waiting on their prompts' prefill (long prompts on a CPU) leave room
+    for a short prompt's blocks, already computed, to be pulled at once (4 pull slots once
+    held it until a waiting transfer ended)."""
+    prefill, decode = cores("prefill"), cores("decode")
+    waiting = [f"w{i}" for i in range(8)]
+    for i, rid in enumerate(waiting):  # their prefills have not started
+        add(decode, rid, prompt(40, seed=10 + i), GREEDY, remote(f"slow-{i}", prefill))
+    run(decode, until=lambda o: decode.kv_connector.num_parked == len(waiting), timeout=5)
+    ids = prompt(120, seed=4)
+    expected = reference(cores, ids)
+    add(prefill, "p", ids, ONE, {"do_remote_decode": True, "transfer_id": "ready"})
+    add(decode, "d", ids, GREEDY, remote("ready", prefill))
+    outs = run(prefill, decode, until=finished("p", "d"), timeout=20)
+    assert outs["d"][0] == expected and decode.kv_connector.stats.blocks_received > 0
+    decode.abort_requests(waiting)
+    assert decode.kv_connector.num_parked == 0
+
+
 class CorruptingProxy:
     """A man in the middle between the decode and the prefill worker that flips one byte
     of the first block payload it forwards."""

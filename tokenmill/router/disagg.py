@@ -75,9 +75,11 @@ def eligible_prefill(
     prefill_pool: list[Replica],
     in_flight: dict[str, int],
     queued_tokens: dict[str, float] | None = None,
+    decode_streams: int = 0,
 ) -> tuple[list[Replica], str, str]:
     """The prefill workers this request may use (none: prefill locally), a reason code (a
-    metric label) and the reason in words (the decision log)."""
+    metric label) and the reason in words (the decision log). `decode_streams`: the other
+    requests on the decode worker, which a local prefill would stall."""
     if config.mode == "never":
         return [], "off", "disaggregation off"
     if not prefill_pool:
@@ -88,9 +90,9 @@ def eligible_prefill(
     if config.mode == "conditional" and uncached < threshold:
         return [], "short", f"uncached {uncached} < {threshold} tokens"
     queued = queued_tokens or {}
-    # a prompt may wait for max_prefill_queue_tokens minus its own length, or for as much as
-    # its own length (a long prompt computed on the decode worker would stall every stream)
-    may_wait = max(config.max_prefill_queue_tokens - uncached, uncached)
+    # a prompt may wait for max_prefill_queue_tokens minus its own length, or for as long as
+    # a local prefill would stall the decode worker's streams: its own length for each
+    may_wait = max(config.max_prefill_queue_tokens - uncached, uncached * max(1, decode_streams))
     free = [
         r for r in prefill_pool
         if in_flight.get(r.name, 0) < config.max_prefill_in_flight

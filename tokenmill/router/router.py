@@ -305,7 +305,10 @@ class Router:
                 f"{decision.replica.name} is not a decode worker",
             )
         else:
-            free, code, why = eligible_prefill(config, uncached, num_seqs, pool, in_flight, queued)
+            streams = max(0, self.loads.in_flight(decision.replica.name) - 1)  # booked: this
+            free, code, why = eligible_prefill(
+                config, uncached, num_seqs, pool, in_flight, queued, streams
+            )
         if not free or key is None:
             self.metrics.kv_transfer_decisions.labels("local", code).inc()
             out = DisaggDecision(False, why, uncached)

@@ -33,7 +33,11 @@ from tokenmill.request import Request
 
 logger = logging.getLogger(__name__)
 
-_MAX_PULLS = 4  # transfers at once; more wait their turn
+# transfers at once; more wait their turn. A pull waits on the prefill worker as its prompt
+# is computed (tens of seconds for a long one on a CPU), so a few long prompts must not hold
+# every slot while short prompts' blocks are ready (4 did: short prompts' first tokens
+# waited for a long one's whole prefill)
+_MAX_PULLS = 32
 
 
 @dataclass
