@@ -29,10 +29,10 @@ class DisaggConfig:
     # decode worker ~12 decode steps, moving its blocks costs ~5 ms)
     min_uncached_tokens: int = 64
     max_prefill_in_flight: int = 16  # per prefill worker; beyond it the pool is saturated
-    # prefill work a prompt would wait for beyond which a prefill worker is saturated too,
-    # unless it waits for no more than its own length: booked prompt tokens not yet
-    # prefilled, each counted up to the prompt's own length on a worker that shares its steps
-    # between prompts (long_prefill_token_threshold)
+    # prefill work a prompt may wait for (this minus its own length, or as long as its local
+    # prefill would stall the decode worker's streams) before a prefill worker counts as
+    # saturated: booked prompt tokens not yet prefilled, each counted up to the prompt's own
+    # length on a worker that shares its steps between prompts (long_prefill_token_threshold)
     max_prefill_queue_tokens: int = 4096
 
     def __post_init__(self) -> None:
