@@ -16,8 +16,9 @@ Part 3, serving (`tokenmill bench`, same total threads): short chats (~150-token
 one trace against `tokenmill cluster --replicas 2` (aggregated: 1 thread each, the router
 in front) and `--replicas 1 --num-threads 2` (aggregated-1x2), and `--prefill 1 --decode 1`
 with --pd-mode always and conditional (variants: a decode worker's prefill budget of 64 or
-32 tokens per step; every worker with the default 2 GiB KV pool). Printed per layout: the short chats' ITL p99 and TTFT
-p50/p99, the long prompts' TTFT, output throughput, and the ratios to aggregated.
+32 tokens per step; every worker with the default 2 GiB KV pool). Printed per layout: the
+short chats' ITL p99 and TTFT p50/p99, the long prompts' TTFT, output throughput, and the
+ratios to aggregated.
 
     python benchmarks/disagg.py [--quick] [--skip-serving] [--out bench-results/disagg]
 """

@@ -157,7 +157,7 @@ class Scheduler:
                     budget -= 1 + len(drafts)
                     spec_rows_left -= len(drafts)
                     continue
-            if num_new > 1:
+            if num_new > 1:  # capped after the draft check: a 1-token share is still a prompt
                 num_new = self._prefill_chunk(num_new)
             while not self.kv.allocate_slots(request, num_new):
                 victim = self._pick_victim()
