@@ -205,6 +205,88 @@ def test_packed_linear_uses_int_dot_for_decode_rows_where_it_can(monkeypatch):
     assert PackedLinear(packed("Q4_1", 32, 96), None).int_dot is None
 
 
+def int_dot_argmax(lib, x, w):
+    """tm_int_dot_argmax of `lib` on w, with its bound table (same build)."""
+    repacked = torch.empty(w.data.numel(), dtype=torch.uint8)
+    lib.tm_int_dot_repack(w.data.data_ptr(), w.qtype, w.rows, w.cols, repacked.data_ptr())
+    bounds = torch.empty(w.rows * (w.cols // 32 + 1))
+    lib.tm_int_dot_bound_table(repacked.data_ptr(), w.qtype, w.rows, w.cols, bounds.data_ptr())
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    lib.tm_int_dot_argmax(
+        x.data_ptr(), x.shape[0], x.shape[1], repacked.data_ptr(), w.qtype, w.rows,
+        bounds.data_ptr(), out.data_ptr(), 2,
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("qtype", list(QTYPES))
+def test_greedy_argmax_is_the_argmax_of_the_full_outputs(kernels, qtype):
+    """The high-byte estimate + exact candidates give the index of the largest output the
+    full GEMV computes, bit for bit: outlier blocks, near-ties that only the low planes tell
+    apart, exact ties (duplicate weight rows: the first wins), 1 to 12 rows."""
+    gen = torch.Generator().manual_seed(7)
+    w = packed(qtype, 256, 192, seed=3)
+    rows = w.data.clone()
+    rows[200], rows[57] = rows[31], rows[31]  # three equal rows: a tie whenever row 31 wins
+    # row 100 = row 99 but for value 0 (one quantum apart): with x[0] far below its block's
+    # largest value, only the low byte planes tell the two apart
+    head = {"Q4_0": 2, "Q4_1": 4, "Q8_0": 2}[qtype]
+    rows[100] = rows[99]
+    rows[100, head] ^= 1
+    w = PackedWeight(w.qtype, w.rows, w.cols, rows)
+    dense = w.dequantize()
+    xs = [torch.randn(12, 192, generator=gen) * torch.logspace(-2, 2, 192)]
+    x = torch.randn(12, 192, generator=gen)
+    x[:, 64:96] *= 300.0  # an outlier block: its estimate error dwarfs the others'
+    xs.append(x)
+    # rows aimed at weight row 31 (and its copies): the tie and its near misses
+    aimed = dense[31].repeat(12, 1) + 1e-4 * torch.randn(12, 192, generator=gen)
+    xs.append(aimed)
+    near = dense[99].repeat(12, 1) + 1e-3 * torch.randn(12, 192, generator=gen)
+    near[:, 0] = torch.linspace(-1e-3, 1e-3, 12) * near[:, :32].abs().amax(1)
+    xs.append(near)
+    for x in xs:
+        full = int_dot(kernels, x, w).max(dim=1).indices
+        for m in (1, 3, 8, 12):
+            got = int_dot_argmax(kernels, x[:m].contiguous(), w)
+            assert torch.equal(got, full[:m]), (m, got, full[:m])
+    assert int(int_dot_argmax(kernels, aimed[:1].contiguous(), w)) == 31  # first of the tie
+    tie = int_dot(kernels, aimed, w)
+    winners = tie.max(dim=1).indices
+    assert torch.equal(int_dot_argmax(kernels, aimed, w), winners)
+    assert all(tie[i, 31] == tie[i, 57] == tie[i, 200] for i in range(12))
+    close = int_dot(kernels, near, w)
+    assert set(close.max(dim=1).indices.tolist()) == {99, 100}  # both win somewhere
+
+
+def test_greedy_argmax_gives_up_on_non_finite_outputs(kernels):
+    w = packed("Q8_0", 32, 64)
+    x = torch.randn(3, 64)
+    x[1, 5] = float("nan")
+    x[2, 9] = float("inf")
+    got = int_dot_argmax(kernels, x, w)
+    assert got[0] == int_dot(kernels, x[:1].contiguous(), w).max(dim=1).indices[0]
+    assert got[1] == -1 and got[2] == -1
+
+
+def test_packed_linear_greedy_argmax_runs_where_its_int_dot_does(monkeypatch):
+    from tokenmill.kernels import ops
+    from tokenmill.model.linear import INT_DOT_MAX_ROWS, PackedLinear
+
+    w = packed("Q8_0", 64, 96)
+    linear = PackedLinear(w, None)
+    x = torch.randn(5, 96)
+    if ops.int_dot_kind() == 0:
+        assert linear.greedy_argmax(x) is None
+        return
+    assert torch.equal(linear.greedy_argmax(x), linear(x).max(dim=1).indices)
+    many = torch.randn(INT_DOT_MAX_ROWS + 1, 96)  # the GEMM computes these: no shortcut
+    assert linear.greedy_argmax(many) is None
+    assert PackedLinear(w, torch.randn(64)).greedy_argmax(x) is None  # a bias: not handled
+    x[2, 0] = float("nan")
+    assert linear.greedy_argmax(x) is None
+
+
 def test_fused_projections_stay_packed_when_formats_agree():
     q, k = packed("Q4_1", 8, 64, 1), packed("Q4_1", 4, 64, 2)
     fused = cat_rows([q, k])

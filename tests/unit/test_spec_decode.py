@@ -196,6 +196,51 @@ def test_speculation_is_lossless_alone_and_batched(model_path, reference):
             assert stats.num_accepted_tokens < stats.num_draft_tokens
 
 
+def test_greedy_rows_read_out_their_argmax_alone_with_the_same_tokens(
+    native_path, native_reference, monkeypatch
+):
+    """Greedy decode and verification rows find the lm_head's argmax from the integer-dot
+    high-byte estimate (PackedLinear.greedy_argmax): the same tokens as full logits, alone,
+    batched and speculating; rows that want logprobs (or any other logit reader) still get
+    full logits."""
+    from tokenmill.kernels import ops
+    from tokenmill.model.linear import PackedLinear
+
+    if ops.int_dot_kind() == 0:
+        pytest.skip("no integer-dot kernel on this machine")
+    prompts, _ = native_reference
+    calls = []
+    original = PackedLinear.greedy_argmax
+
+    def counted(self, x):
+        calls.append(x.shape[0])
+        return original(self, x)
+
+    monkeypatch.setattr(PackedLinear, "greedy_argmax", counted)
+    monkeypatch.setenv("TOKENMILL_GREEDY_ARGMAX", "0")  # every logit computed
+    expected = run_checked(make_llm(native_path, False, max_num_seqs=1), prompts)
+    spec_full = scripted(native_path, (prompts, expected), max_num_seqs=6)
+    assert run_checked(spec_full, prompts) == expected and not calls
+    monkeypatch.setenv("TOKENMILL_GREEDY_ARGMAX", "1")
+    for spec, max_num_seqs in ((False, 1), (False, 6), (True, 1), (True, 6)):
+        if spec:
+            llm = scripted(native_path, (prompts, expected), max_num_seqs=max_num_seqs)
+        else:
+            llm = make_llm(native_path, False, max_num_seqs=max_num_seqs)
+        calls.clear()
+        assert run_checked(llm, prompts) == expected, (spec, max_num_seqs)
+        assert calls, (spec, max_num_seqs)
+        assert max_num_seqs == 1 or max(calls) > 1  # several rows at once
+        if spec:
+            assert llm.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+    monkeypatch.delenv("TOKENMILL_GREEDY_ARGMAX")
+    with_logprobs = make_llm(native_path, False, max_num_seqs=1)
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=2, ignore_eos=True)
+    calls.clear()
+    out = with_logprobs.generate([{"prompt_token_ids": prompts[0]}], params)[0].outputs[0]
+    assert not calls and len(out.logprobs) == 8
+
+
 def test_every_sampling_option_gives_what_it_gives_without_speculation(native_path):
     """Seeded sampling (top-k / top-p / min-p), logprobs, penalties, logit bias and min_tokens
     all speculate: each verified position samples as if the drafts before it had been

@@ -145,6 +145,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_int_dot_repack": [p, i32, i64, i64, p],
         "tm_int_dot_linear": [p, i64, i64, p, i32, i64, p, p, i32, i32],
         "tm_int_dot_linear_reference": [p, i64, i64, p, i32, i64, p],
+        "tm_int_dot_bound_table": [p, i32, i64, i64, p],
+        "tm_int_dot_argmax": [p, i64, i64, p, i32, i64, p, p, i32],
         "tm_decode_layers": [p, i64, p, p, p, i32],
     }
     int_results = (

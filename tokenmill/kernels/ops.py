@@ -207,3 +207,30 @@ def int_dot_linear(
     out: torch.Tensor | None = None,  # given: accumulate into it (residual add)
 ) -> torch.Tensor:
     return _packed_linear(load_kernels().tm_int_dot_linear, x, repacked, weight, bias, out)
+
+
+def int_dot_bound_table(repacked: torch.Tensor, weight) -> torch.Tensor:
+    """What bounds int_dot_argmax's estimates, per weight row and block (see
+    tm_int_dot_bound_table): N * (K / 32 + 1) floats."""
+    out = torch.empty(weight.rows * (weight.cols // 32 + 1), dtype=torch.float32)
+    load_kernels().tm_int_dot_bound_table(
+        _p(repacked), weight.qtype, weight.rows, weight.cols, _p(out)
+    )
+    return out
+
+
+def int_dot_argmax(
+    x: torch.Tensor,  # [M, K] fp32, contiguous
+    repacked: torch.Tensor,  # int_dot_repack(weight)
+    weight,  # the PackedWeight it came from
+    bounds: torch.Tensor,  # int_dot_bound_table(repacked, weight)
+) -> torch.Tensor:
+    """Per row of x, the index of the largest output of int_dot_linear (bit-exact, first on
+    ties), from a high-byte estimate and exact outputs only where they could win; -1 where a
+    row's outputs are not finite (compute it in full)."""
+    m, k = x.shape
+    out = torch.empty(m, dtype=torch.int64)
+    load_kernels().tm_int_dot_argmax(
+        _p(x), m, k, _p(repacked), weight.qtype, weight.rows, _p(bounds), _p(out), _threads()
+    )
+    return out

@@ -153,6 +153,12 @@ def int_dot_decode(weight: PackedWeight) -> bool:
     return ops.int_dot_kind() > 0 and ops.int_dot_supported(weight)
 
 
+def argmax_enabled() -> bool:
+    """Greedy rows read out only their argmax where the lm_head can (TOKENMILL_GREEDY_ARGMAX=0
+    computes every logit: the A/B switch for benchmarks)."""
+    return os.environ.get("TOKENMILL_GREEDY_ARGMAX", "1") != "0"
+
+
 class PackedLinear:
     """y = x @ W^T (+ b) (+ residual) with W packed in GGUF blocks (exact dequantization).
 
@@ -172,6 +178,7 @@ class PackedLinear:
         and float copy already (prefetch.py)."""
         self.weight = weight
         self.bias = bias.float().contiguous() if bias is not None else None
+        self._argmax_bounds: torch.Tensor | None = None  # greedy_argmax's, made on first use
         self.chunk_rows = max(1, _DEQUANT_CHUNK_BYTES // (4 * weight.cols))
         self._scratch: torch.Tensor | None = None
         # decode rows run integer dot products on a regrouped copy where the format allows
@@ -207,6 +214,19 @@ class PackedLinear:
         if self.bias is not None:
             out.add_(self.bias)
         return out if residual is None else residual.add_(out)
+
+    def greedy_argmax(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Per row of x, the index of its largest output, bit-exact with
+        self(x).max(dim=1).indices (first on ties), from the integer-dot GEMV's high-byte
+        estimate of every output and exact outputs only for the few that could be largest: a
+        greedy verification row then costs a third of the lm_head's dot products. None where
+        this layer runs another kernel for x (or an output is not finite)."""
+        if self.int_dot is None or self.bias is not None or not 0 < x.shape[0] <= INT_DOT_MAX_ROWS:
+            return None
+        if self._argmax_bounds is None:
+            self._argmax_bounds = ops.int_dot_bound_table(self.int_dot, self.weight)
+        out = ops.int_dot_argmax(x.contiguous(), self.int_dot, self.weight, self._argmax_bounds)
+        return None if bool((out < 0).any()) else out
 
 
 class StackedPackedLinear:

@@ -35,6 +35,19 @@ class SamplingMetadata:
         int, list[int]
     ]  # constrained rows that should close their output -> output so far
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Every row takes the first largest raw logit: nothing biases, masks, penalizes or
+        reads the logits (the model may then compute only their argmax)."""
+        return (
+            self.all_greedy
+            and self.max_num_logprobs is None
+            and not self.logit_bias
+            and not self.blocked_tokens
+            and not self.grammars
+            and self.presence_penalty is None
+        )
+
     @classmethod
     def from_requests(
         cls,

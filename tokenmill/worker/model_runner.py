@@ -114,16 +114,18 @@ class ModelRunner:
         if verify:
             self._verify(hidden, verify, sampled, logprobs)
         if sample_reqs:
-            logits = self.model.compute_logits(hidden[sample_rows])
-            out = self.sampler(logits, SamplingMetadata.from_requests(sample_reqs))
-            tokens = out.sampled_token_ids.tolist()
+            meta = SamplingMetadata.from_requests(sample_reqs)
+            tokens, lps = self._greedy(hidden[sample_rows], meta), None
+            if tokens is None:
+                out = self.sampler(self.model.compute_logits(hidden[sample_rows]), meta)
+                tokens, lps = out.sampled_token_ids.tolist(), out.logprobs
             for row, req in enumerate(sample_reqs):
                 sampled[req.request_id] = [tokens[row]]
                 if self.keep_features:
                     req.spec_feature = hidden[sample_rows[row]].clone()
                 k = req.sampling_params.logprobs
-                if k is not None and out.logprobs is not None:
-                    logprobs[req.request_id] = [_position(out.logprobs, row, k)]
+                if k is not None and lps is not None:
+                    logprobs[req.request_id] = [_position(lps, row, k)]
         return ModelRunnerOutput(sampled, logprobs, prompt_lp)
 
     def _verify(
@@ -142,10 +144,16 @@ class ModelRunner:
         # a seeded request draws one uniform per position; it keeps those of accepted ones
         seeded = {sr.request.request_id: sr.request.generator.get_state()
                   for sr, _ in verify if sr.request.generator is not None}  # fmt: skip
-        logits = self.model.compute_logits(hidden[rows])
-        masks = self._draft_masks(verify, logits.shape[1])
-        out = self.sampler(logits, SamplingMetadata.from_requests(requests, drafted, masks))
-        targets = out.sampled_token_ids.tolist()
+        targets, lps = None, None
+        if all(
+            sr.request.sampling_params.greedy and sr.request.grammar is None for sr, _ in verify
+        ):
+            targets = self._greedy(hidden[rows], SamplingMetadata.from_requests(requests, drafted))
+        if targets is None:
+            logits = self.model.compute_logits(hidden[rows])
+            masks = self._draft_masks(verify, logits.shape[1])
+            out = self.sampler(logits, SamplingMetadata.from_requests(requests, drafted, masks))
+            targets, lps = out.sampled_token_ids.tolist(), out.logprobs
         offset = 0
         for sr, _ in verify:
             req, n = sr.request, sr.num_new_tokens
@@ -158,11 +166,20 @@ class ModelRunner:
                 for _ in tokens:
                     torch.rand((1, 1), generator=req.generator)
             k = req.sampling_params.logprobs
-            if k is not None and out.logprobs is not None:
+            if k is not None and lps is not None:
                 logprobs[req.request_id] = [
-                    _position(out.logprobs, offset + i, k) for i in range(len(tokens))
+                    _position(lps, offset + i, k) for i in range(len(tokens))
                 ]
             offset += n
+
+    def _greedy(self, hidden: torch.Tensor, meta: SamplingMetadata) -> list[int] | None:
+        """The tokens of rows that all take the raw argmax, where the model computes only that
+        (the sampler's tokens, bit for bit); None: sample from the logits."""
+        greedy_tokens = getattr(self.model, "greedy_tokens", None)
+        if greedy_tokens is None or not meta.plain_greedy:
+            return None
+        tokens = greedy_tokens(hidden)
+        return None if tokens is None else tokens.tolist()
 
     @staticmethod
     def _draft_masks(

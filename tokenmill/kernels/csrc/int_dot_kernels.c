@@ -164,8 +164,8 @@ static inline float block_term_c(int qt, const int32_t S[3], float s, float sum,
 
 // ---------------------------------------------------------------- plain C
 
-static void group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M, int64_t K,
-                    float out[][GROUP]) {
+static void group_c_planes(int qt, int planes, const uint8_t* gw, int64_t nb, const IntRows* q,
+                           int64_t M, int64_t K, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
     const int qs = group_qs_bytes(qt);
     for (int64_t m = 0; m < M; m++)
@@ -184,16 +184,26 @@ static void group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int
                             const uint8_t byte = blk[((j & 3) * GROUP + r) * 4 + t];
                             w = j < 4 ? byte & 0x0F : byte >> 4;
                         }
-                        for (int p = 0; p < 3; p++) S[p] += w * plane(q, m, p, K)[b * QK + 4 * j + t];
+                        for (int p = 0; p < planes; p++) S[p] += w * plane(q, m, p, K)[b * QK + 4 * j + t];
                     }
                 if (qt == QT_Q8_0)
-                    for (int p = 0; p < 3; p++) S[p] -= 128 * q->psum[3 * (m * nb + b) + p];
+                    for (int p = 0; p < planes; p++) S[p] -= 128 * q->psum[3 * (m * nb + b) + p];
                 const float d = fp16(blk + qs + 2 * r);
                 const float mn = qt == QT_Q4_1 ? fp16(blk + qs + 2 * GROUP + 2 * r) : 0.0f;
                 out[m][r] = block_term_c(qt, S, q->scale[m * nb + b], q->sum[m * nb + b], d, mn,
                                          out[m][r]);
             }
     }
+}
+
+static void group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M, int64_t K,
+                    float out[][GROUP]) {
+    group_c_planes(qt, 3, gw, nb, q, M, K, out);
+}
+
+static void group_c_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                         int64_t K, float out[][GROUP]) {
+    group_c_planes(qt, 1, gw, nb, q, M, K, out);
 }
 
 // ---------------------------------------------------------------- AVX-512 VNNI
@@ -221,8 +231,8 @@ static void group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
-ALWAYS_INLINE void group_avx512_t(int qt, const uint8_t* gw, int64_t nb, const IntRows* q,
-                                  int64_t M, int64_t K, float out[][GROUP]) {
+ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t nb,
+                                  const IntRows* q, int64_t M, int64_t K, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
     const int qs = group_qs_bytes(qt);
     const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -245,8 +255,8 @@ ALWAYS_INLINE void group_avx512_t(int qt, const uint8_t* gw, int64_t nb, const I
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs)));
 #pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
-            __m512i S[3];
-            for (int p = 0; p < 3; p++) {
+            __m512i S[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+            for (int p = 0; p < planes; p++) {
                 const int32_t* xp = (const int32_t*)(plane(q, m, p, K) + b * QK);
                 __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
                 for (int j = 0; j < 8; j += 2) {
@@ -279,7 +289,14 @@ ALWAYS_INLINE void group_avx512_t(int qt, const uint8_t* gw, int64_t nb, const I
 
 static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                        int64_t K, float out[][GROUP]) {
-#define GROUP_M(T, ROWS) group_avx512_t(T, gw, nb, q, ROWS, K, out)
+#define GROUP_M(T, ROWS) group_avx512_t(T, 3, gw, nb, q, ROWS, K, out)
+    FOR_FORMAT_AND_ROWS(qt, M, GROUP_M)
+#undef GROUP_M
+}
+
+static void group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                            int64_t K, float out[][GROUP]) {
+#define GROUP_M(T, ROWS) group_avx512_t(T, 1, gw, nb, q, ROWS, K, out)
     FOR_FORMAT_AND_ROWS(qt, M, GROUP_M)
 #undef GROUP_M
 }
@@ -297,8 +314,8 @@ ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 }
 
 // Rows 8h .. 8h + 7 of a group (the half h of each 64-byte vector).
-ALWAYS_INLINE void half_avx2_t(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
-                               int64_t K, int h, float out[][GROUP]) {
+ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb, const IntRows* q,
+                               int64_t M, int64_t K, int h, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
     const int qs = group_qs_bytes(qt);
     const __m256i nib = _mm256_set1_epi8(0x0F);
@@ -322,8 +339,8 @@ ALWAYS_INLINE void half_avx2_t(int qt, const uint8_t* gw, int64_t nb, const IntR
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + qs + 16 * h)));
 #pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
-            __m256i S[3];
-            for (int p = 0; p < 3; p++) {
+            __m256i S[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (int p = 0; p < planes; p++) {
                 const int32_t* xp = (const int32_t*)(plane(q, m, p, K) + b * QK);
                 __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
                 for (int j = 0; j < 8; j += 2) {
@@ -372,7 +389,16 @@ ALWAYS_INLINE void half_avx2_t(int qt, const uint8_t* gw, int64_t nb, const IntR
 static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                        int64_t K, float out[][GROUP]) {
     for (int h = 0; h < 2; h++) {
-#define HALF_M(T, ROWS) half_avx2_t(T, gw, nb, q, ROWS, K, h, out)
+#define HALF_M(T, ROWS) half_avx2_t(T, 3, gw, nb, q, ROWS, K, h, out)
+        FOR_FORMAT_AND_ROWS(qt, M, HALF_M)
+#undef HALF_M
+    }
+}
+
+static void group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                            int64_t K, float out[][GROUP]) {
+    for (int h = 0; h < 2; h++) {
+#define HALF_M(T, ROWS) half_avx2_t(T, 1, gw, nb, q, ROWS, K, h, out)
         FOR_FORMAT_AND_ROWS(qt, M, HALF_M)
 #undef HALF_M
     }
@@ -381,6 +407,11 @@ static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, 
 static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                        int64_t K, float out[][GROUP]) {
     group_c(qt, gw, nb, q, M, K, out);
+}
+
+static void group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                            int64_t K, float out[][GROUP]) {
+    group_c_high(qt, gw, nb, q, M, K, out);
 }
 #endif
 
@@ -424,4 +455,117 @@ void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, i
 void tm_int_dot_linear_reference(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt,
                                  int64_t N, float* y) {
     int_dot_rows(group_c, x, M, K, w, qt, N, NULL, y, 0, 1);
+}
+
+// ---------------------------------------------------------------- greedy readout
+
+// The bounds tm_int_dot_argmax needs, from the repacked weights: out[(g nb + b) 16 + r] =
+// |d| * sum |q| of block b of row 16 g + r (q the raw values the byte planes multiply: nibbles
+// 0..15, Q8_0's int8), which times 32639 s_b bounds what the middle and low planes add to that
+// block's dot product; then out[N nb + n] = the sum over row n's blocks of that plus 32 |m|
+// (Q4_1's minimums), which times the activation's amax bounds every partial sum of row n (so
+// the fp32 rounding). N nb + N floats.
+void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, float* out) {
+    const int64_t nb = K / QK, gbb = group_block_bytes(qt);
+    const int qs = group_qs_bytes(qt);
+    for (int64_t g = 0; g < N / GROUP; g++)
+        for (int r = 0; r < GROUP; r++) {
+            float total = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t* blk = w + (g * nb + b) * gbb;
+                int32_t sum = 0;
+                for (int j = 0; j < 8; j++)
+                    for (int t = 0; t < 4; t++) {
+                        if (qt == QT_Q8_0) {
+                            sum += abs((int)blk[(j * GROUP + r) * 4 + t] - 128);
+                        } else {
+                            const uint8_t byte = blk[((j & 3) * GROUP + r) * 4 + t];
+                            sum += j < 4 ? byte & 0x0F : byte >> 4;
+                        }
+                    }
+                const float a = fabsf(fp16(blk + qs + 2 * r)) * (float)sum;
+                out[(g * nb + b) * GROUP + r] = a;
+                total += a;
+                if (qt == QT_Q4_1) total += 32.0f * fabsf(fp16(blk + qs + 2 * GROUP + 2 * r));
+            }
+            out[N * nb + g * GROUP + r] = total;
+        }
+}
+
+// Per activation row, the index of the largest of y = x W^T as tm_int_dot_linear computes it
+// (bit for bit; the first index on ties), without computing all of y to 24 bits. The high byte
+// plane alone estimates every output: the middle and low planes add |256 mid + lo| <= 32639
+// per value times the block scale s_b, so y[n] differs from its estimate by at most
+// 32639 sum_b s_b a[n, b] (a: tm_int_dot_bound_table) plus the fp32 rounding of both sums (at
+// most 6 per block, each <= 2^-24 of a partial sum, which is <= amax * total[n]). Only the
+// 16-row groups holding an output whose estimate could still reach the largest lower bound are
+// computed exactly (a few of the lm_head's thousands). out[m] = -1 where the estimates are not
+// all finite (the caller computes that row in full).
+void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
+                       const float* bounds, int64_t* out, int nthreads) {
+    const int64_t nb = K / QK, gbb = group_block_bytes(qt), groups = N / GROUP;
+    const float rounding = (float)(12 * nb + 8) * 0x1p-24f * X_INT_MAX;
+    const float* total = bounds + N * nb;
+    float* est = malloc(sizeof(float) * (size_t)(2 * MAX_ROWS * N));
+    float* tol = est + MAX_ROWS * N;
+    for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
+        const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
+        void* buffer;
+        IntRows q = alloc_rows(rows, K, &buffer);
+        quantize_rows(x + m0 * K, rows, K, &q);
+        float smax[MAX_ROWS];
+        for (int64_t m = 0; m < rows; m++) {
+            smax[m] = 0.0f;
+            for (int64_t b = 0; b < nb; b++) smax[m] = fmaxf(smax[m], q.scale[m * nb + b]);
+        }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t g = 0; g < groups; g++) {
+            float part[MAX_ROWS][GROUP];
+            group_fast_high(qt, w + g * nb * gbb, nb, &q, rows, K, part);
+            for (int64_t m = 0; m < rows; m++) {
+                float t[GROUP];
+                for (int r = 0; r < GROUP; r++) t[r] = rounding * smax[m] * total[g * GROUP + r];
+                for (int64_t b = 0; b < nb; b++) {
+                    const float sb = 32639.0f * q.scale[m * nb + b];
+                    const float* a = bounds + (g * nb + b) * GROUP;
+                    for (int r = 0; r < GROUP; r++) t[r] += sb * a[r];
+                }
+                memcpy(est + m * N + g * GROUP, part[m], sizeof part[m]);
+                memcpy(tol + m * N + g * GROUP, t, sizeof t);
+            }
+        }
+        for (int64_t m = 0; m < rows; m++) {
+            const float* e = est + m * N;
+            const float* tm = tol + m * N;
+            float lower = -INFINITY;
+            int finite = 1;
+            for (int64_t n = 0; n < N && finite; n++) {
+                finite = isfinite(e[n]) && isfinite(tm[n]);
+                lower = fmaxf(lower, e[n] - tm[n]);
+            }
+            if (!finite) {
+                out[m0 + m] = -1;
+                continue;
+            }
+            // one activation row on its own (its rows of the planes, scales and sums)
+            IntRows one = {q.planes + 3 * m * K, q.scale + m * nb, q.sum + m * nb, q.psum + 3 * m * nb};
+            float best = -INFINITY;
+            int64_t best_n = -1;
+            for (int64_t g = 0; g < groups; g++) {
+                int reach = 0;
+                for (int r = 0; r < GROUP && !reach; r++)
+                    reach = e[g * GROUP + r] + tm[g * GROUP + r] >= lower;
+                if (!reach) continue;
+                float exact[MAX_ROWS][GROUP];
+                group_fast(qt, w + g * nb * gbb, nb, &one, 1, K, exact);
+                for (int r = 0; r < GROUP; r++) {
+                    const float v = exact[0][r] + 0.0f;  // as tm_int_dot_linear stores it
+                    if (v > best || best_n < 0) best = v, best_n = g * GROUP + r;
+                }
+            }
+            out[m0 + m] = best_n;
+        }
+        free(buffer);
+    }
+    free(est);
 }
