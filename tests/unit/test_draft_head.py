@@ -183,18 +183,28 @@ def test_recorded_traffic_trains_a_head(tiny_llama_dir, tmp_path, capsys):
     assert recorder.full and 0 < recorder.written <= 2000
 
 
-def test_a_packed_target_reads_drafts_out_through_its_own_kernel(tmp_path):
-    """On native weights the draft vocabulary's lm_head rows stay packed (the target's own
-    integer-dot GEMV): the same logits as the float rows, to the activation rounding."""
+@pytest.fixture(scope="module")
+def packed_target(tmp_path_factory):
     from tests.unit.test_model_parity import write_gguf
 
-    path = tmp_path / "tiny-Q4_1.gguf"
+    path = tmp_path_factory.mktemp("gguf") / "tiny-Q4_1.gguf"
     write_gguf(make_hf_model("llama"), path, "Q4_1")
-    llm = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
-    model = llm.engine.core.model
-    vocab = torch.randperm(model.config.vocab_size)[:64].sort().values
+    return LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
+
+
+@pytest.mark.parametrize("draft_vocab_size", [64, 61])
+def test_a_packed_target_reads_drafts_out_through_its_own_kernel(packed_target, draft_vocab_size):
+    """On native weights the draft vocabulary's lm_head rows stay packed (the target's own
+    integer-dot GEMV, also for a vocabulary that is no multiple of its 16-row groups): the
+    same logits as the float rows, to the activation rounding."""
+    from tokenmill.kernels import ops
+
+    model = packed_target.engine.core.model
+    vocab = torch.randperm(model.config.vocab_size)[:draft_vocab_size].sort().values
     readout = target_readout(model, vocab)
     assert readout.packed_rows is not None
+    if ops.int_dot_kind() > 0:
+        assert readout.packed_rows.int_dot is not None
     head = DraftHead(model.config.hidden_size, 128, vocab)
     feature = torch.randn(model.config.hidden_size) * 5
     with torch.inference_mode():
@@ -203,3 +213,22 @@ def test_a_packed_target_reads_drafts_out_through_its_own_kernel(tmp_path):
         x = torch.nn.functional.rms_norm(feature, (feature.numel(),), eps=readout.eps)
         exact = (x * readout.final_norm) @ readout.lm_head_rows.t()
     assert torch.allclose(packed, exact, atol=1e-3), (packed - exact).abs().max()
+
+
+def test_the_packed_head_drafts_what_the_float_head_predicts(trained):
+    """Drafting runs the head's layers as Q8_0 blocks through the integer-dot GEMV: the
+    predicted feature within the Q8_0 rounding of the float head's."""
+    from tokenmill.spec.draft_proposer import PackedDraftHead
+
+    head = trained[0]
+    if not PackedDraftHead.supported(head):
+        pytest.skip("no integer-dot kernel on this machine")
+    packed = PackedDraftHead(head)
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for _ in range(8):
+            feature = torch.randn(head.hidden_size, generator=gen) * 4
+            embedding = torch.randn(head.hidden_size, generator=gen)
+            exact, got = head.step(feature, embedding), packed.step(feature, embedding)
+            assert got.shape == exact.shape
+            assert float((got - exact).norm() / exact.norm()) < 0.02

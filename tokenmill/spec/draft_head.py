@@ -56,7 +56,8 @@ class TargetReadout:
     lm_head_rows: torch.Tensor  # [V_d, H]: the target's lm_head rows of the draft vocab
     eps: float
     # inference: those rows in the target's own packed format and kernel (same logits as
-    # the target's lm_head, a quarter of the fp32 bytes); None: the fp32 rows
+    # the target's lm_head, a quarter of the fp32 bytes; padded, the first V_d outputs count);
+    # None: the fp32 rows
     packed_rows: object | None = None
 
 
@@ -84,7 +85,7 @@ class DraftHead(nn.Module):
         """Logits over the draft vocabulary, through the target's final norm and lm_head."""
         x = rms(feature, readout.eps) * readout.final_norm
         if readout.packed_rows is not None and not torch.is_grad_enabled() and x.dim() == 1:
-            return readout.packed_rows(x.unsqueeze(0))[0]
+            return readout.packed_rows(x.unsqueeze(0))[0, : readout.lm_head_rows.shape[0]]
         return x @ readout.lm_head_rows.t()
 
     # ------------------------------------------------------------------ file format
