@@ -209,7 +209,7 @@ def int_dot_argmax(lib, x, w):
     """tm_int_dot_argmax of `lib` on w, with its bound table (same build)."""
     repacked = torch.empty(w.data.numel(), dtype=torch.uint8)
     lib.tm_int_dot_repack(w.data.data_ptr(), w.qtype, w.rows, w.cols, repacked.data_ptr())
-    bounds = torch.empty(w.rows * (w.cols // 32 + 1))
+    bounds = torch.empty(w.rows // 16 * (w.cols // 32 + 1))
     lib.tm_int_dot_bound_table(repacked.data_ptr(), w.qtype, w.rows, w.cols, bounds.data_ptr())
     out = torch.empty(x.shape[0], dtype=torch.int64)
     lib.tm_int_dot_argmax(

@@ -210,9 +210,9 @@ def int_dot_linear(
 
 
 def int_dot_bound_table(repacked: torch.Tensor, weight) -> torch.Tensor:
-    """What bounds int_dot_argmax's estimates, per weight row and block (see
-    tm_int_dot_bound_table): N * (K / 32 + 1) floats."""
-    out = torch.empty(weight.rows * (weight.cols // 32 + 1), dtype=torch.float32)
+    """What bounds int_dot_argmax's estimates, per 16-row group and block (see
+    tm_int_dot_bound_table): N / 16 * (K / 32 + 1) floats."""
+    out = torch.empty(weight.rows // 16 * (weight.cols // 32 + 1), dtype=torch.float32)
     load_kernels().tm_int_dot_bound_table(
         _p(repacked), weight.qtype, weight.rows, weight.cols, _p(out)
     )

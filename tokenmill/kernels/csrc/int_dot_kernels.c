@@ -112,8 +112,9 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q) {
             int8_t* mid = hi + K;
             int8_t* lo = mid + K;
             float amax = 0.0f, nonfinite = 0.0f;  // NaN when the block holds inf or NaN
-            for (int j = 0; j < QK; j++) {
-                amax = fmaxf(amax, fabsf(xb[j]));
+            for (int j = 0; j < QK; j++) {  // fmaxf's result (NaN skipped), but inlined
+                const float a = fabsf(xb[j]);
+                amax = a > amax ? a : amax;
                 nonfinite += xb[j] * 0.0f;
             }
             const float inv = amax > 0.0f && nonfinite == 0.0f ? X_INT_MAX / amax : 0.0f;
@@ -121,7 +122,10 @@ static void quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q) {
             int64_t total = 0;
             int32_t sums[3] = {0, 0, 0};
             for (int j = 0; j < QK; j++) {
-                const float r = fminf(fmaxf(rintf(xb[j] * inv), -X_INT_MAX), X_INT_MAX);
+                // fminf(fmaxf(r, -X_INT_MAX), X_INT_MAX) (NaN -> -X_INT_MAX), inlined
+                float r = rintf(xb[j] * inv);
+                r = r >= -X_INT_MAX ? r : -X_INT_MAX;
+                r = r <= X_INT_MAX ? r : X_INT_MAX;
                 const int32_t v = (int32_t)r;
                 // balanced base-256 digits: v = 65536 hi + 256 mid + lo, each in [-127, 127]
                 const int32_t l = (int8_t)(uint8_t)(v & 0xFF), v1 = (v - l) / 256;
@@ -459,20 +463,21 @@ void tm_int_dot_linear_reference(const float* x, int64_t M, int64_t K, const uin
 
 // ---------------------------------------------------------------- greedy readout
 
-// The bounds tm_int_dot_argmax needs, from the repacked weights: out[(g nb + b) 16 + r] =
-// |d| * sum |q| of block b of row 16 g + r (q the raw values the byte planes multiply: nibbles
-// 0..15, Q8_0's int8), which times 32639 s_b bounds what the middle and low planes add to that
-// block's dot product; then out[N nb + n] = the sum over row n's blocks of that plus 32 |m|
-// (Q4_1's minimums), which times the activation's amax bounds every partial sum of row n (so
-// the fp32 rounding). N nb + N floats.
+// The bounds tm_int_dot_argmax needs, from the repacked weights, per 16-row group g: out[g nb +
+// b] = the largest over its rows of |d| * sum |q| of block b (q the raw values the byte planes
+// multiply: nibbles 0..15, Q8_0's int8), which times 32639 s_b bounds what the middle and low
+// planes add to that block's dot product; out[N / 16 * nb + g] = the largest over its rows of
+// the sum over blocks of that plus 32 |m| (Q4_1's minimums), which times the activation's
+// amax bounds every partial sum (so the fp32 rounding). (N / 16) (nb + 1) floats.
 void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, float* out) {
-    const int64_t nb = K / QK, gbb = group_block_bytes(qt);
+    const int64_t nb = K / QK, gbb = group_block_bytes(qt), groups = N / GROUP;
     const int qs = group_qs_bytes(qt);
-    for (int64_t g = 0; g < N / GROUP; g++)
-        for (int r = 0; r < GROUP; r++) {
-            float total = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t* blk = w + (g * nb + b) * gbb;
+    for (int64_t g = 0; g < groups; g++) {
+        float totals[GROUP] = {0.0f};
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t* blk = w + (g * nb + b) * gbb;
+            float largest = 0.0f;
+            for (int r = 0; r < GROUP; r++) {
                 int32_t sum = 0;
                 for (int j = 0; j < 8; j++)
                     for (int t = 0; t < 4; t++) {
@@ -484,30 +489,37 @@ void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, floa
                         }
                     }
                 const float a = fabsf(fp16(blk + qs + 2 * r)) * (float)sum;
-                out[(g * nb + b) * GROUP + r] = a;
-                total += a;
-                if (qt == QT_Q4_1) total += 32.0f * fabsf(fp16(blk + qs + 2 * GROUP + 2 * r));
+                largest = fmaxf(largest, a);
+                totals[r] += a;
+                if (qt == QT_Q4_1) totals[r] += 32.0f * fabsf(fp16(blk + qs + 2 * GROUP + 2 * r));
             }
-            out[N * nb + g * GROUP + r] = total;
+            out[g * nb + b] = largest;
         }
+        float largest = 0.0f;
+        for (int r = 0; r < GROUP; r++) largest = fmaxf(largest, totals[r]);
+        out[groups * nb + g] = largest;
+    }
 }
 
 // Per activation row, the index of the largest of y = x W^T as tm_int_dot_linear computes it
 // (bit for bit; the first index on ties), without computing all of y to 24 bits. The high byte
 // plane alone estimates every output: the middle and low planes add |256 mid + lo| <= 32639
-// per value times the block scale s_b, so y[n] differs from its estimate by at most
-// 32639 sum_b s_b a[n, b] (a: tm_int_dot_bound_table) plus the fp32 rounding of both sums (at
-// most 6 per block, each <= 2^-24 of a partial sum, which is <= amax * total[n]). Only the
-// 16-row groups holding an output whose estimate could still reach the largest lower bound are
-// computed exactly (a few of the lm_head's thousands). out[m] = -1 where the estimates are not
+// per value times the block scale s_b, so an output of group g differs from its estimate by
+// at most 32639 sum_b s_b a[g, b] (a: tm_int_dot_bound_table) plus the fp32 rounding of both
+// sums (at most 6 per block, each <= 2^-24 of a partial sum, which is <= amax * total[g]).
+// Only the groups whose largest estimate could still reach the largest lower bound are
+// computed exactly (a few of the lm_head's 3,072). out[m] = -1 where the estimates are not
 // all finite (the caller computes that row in full).
 void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
                        const float* bounds, int64_t* out, int nthreads) {
     const int64_t nb = K / QK, gbb = group_block_bytes(qt), groups = N / GROUP;
     const float rounding = (float)(12 * nb + 8) * 0x1p-24f * X_INT_MAX;
-    const float* total = bounds + N * nb;
-    float* est = malloc(sizeof(float) * (size_t)(2 * MAX_ROWS * N));
-    float* tol = est + MAX_ROWS * N;
+    const float* total = bounds + groups * nb;
+    // per row and group: the largest lower and upper bound of its 16 outputs, and whether
+    // its estimates were all finite
+    float* lo = malloc(sizeof(float) * (size_t)(2 * MAX_ROWS * groups));
+    float* hi = lo + MAX_ROWS * groups;
+    int8_t* finite = malloc((size_t)(MAX_ROWS * groups));
     for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
         const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
         void* buffer;
@@ -523,27 +535,26 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
             float part[MAX_ROWS][GROUP];
             group_fast_high(qt, w + g * nb * gbb, nb, &q, rows, K, part);
             for (int64_t m = 0; m < rows; m++) {
-                float t[GROUP];
-                for (int r = 0; r < GROUP; r++) t[r] = rounding * smax[m] * total[g * GROUP + r];
-                for (int64_t b = 0; b < nb; b++) {
-                    const float sb = 32639.0f * q.scale[m * nb + b];
-                    const float* a = bounds + (g * nb + b) * GROUP;
-                    for (int r = 0; r < GROUP; r++) t[r] += sb * a[r];
+                float t = rounding * smax[m] * total[g];
+                for (int64_t b = 0; b < nb; b++) t += 32639.0f * q.scale[m * nb + b] * bounds[g * nb + b];
+                float e = -INFINITY, zero = t - t;  // zero: NaN unless everything is finite
+                for (int r = 0; r < GROUP; r++) {
+                    e = fmaxf(e, part[m][r]);
+                    zero += part[m][r] - part[m][r];
                 }
-                memcpy(est + m * N + g * GROUP, part[m], sizeof part[m]);
-                memcpy(tol + m * N + g * GROUP, t, sizeof t);
+                lo[m * groups + g] = e - t;
+                hi[m * groups + g] = e + t;
+                finite[m * groups + g] = zero == 0.0f;
             }
         }
         for (int64_t m = 0; m < rows; m++) {
-            const float* e = est + m * N;
-            const float* tm = tol + m * N;
             float lower = -INFINITY;
-            int finite = 1;
-            for (int64_t n = 0; n < N && finite; n++) {
-                finite = isfinite(e[n]) && isfinite(tm[n]);
-                lower = fmaxf(lower, e[n] - tm[n]);
+            int ok = 1;
+            for (int64_t g = 0; g < groups; g++) {
+                lower = fmaxf(lower, lo[m * groups + g]);
+                ok &= finite[m * groups + g];
             }
-            if (!finite) {
+            if (!ok) {
                 out[m0 + m] = -1;
                 continue;
             }
@@ -552,10 +563,7 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
             float best = -INFINITY;
             int64_t best_n = -1;
             for (int64_t g = 0; g < groups; g++) {
-                int reach = 0;
-                for (int r = 0; r < GROUP && !reach; r++)
-                    reach = e[g * GROUP + r] + tm[g * GROUP + r] >= lower;
-                if (!reach) continue;
+                if (hi[m * groups + g] < lower) continue;  // no output of it can be the largest
                 float exact[MAX_ROWS][GROUP];
                 group_fast(qt, w + g * nb * gbb, nb, &one, 1, K, exact);
                 for (int r = 0; r < GROUP; r++) {
@@ -567,5 +575,6 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
         }
         free(buffer);
     }
-    free(est);
+    free(lo);
+    free(finite);
 }
