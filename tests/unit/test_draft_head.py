@@ -136,6 +136,10 @@ def test_speculator_train_cli_from_prompts_and_from_traces(tiny_llama_dir, tmp_p
     assert cli_main(["speculator", "train", "--prompts", str(prompts), *common]) == 0
     text = capsys.readouterr().out
     assert "acceptance length (K=3): held-out" in text and "held-out decode:" in text
+    saved = tmp_path / "saved"
+    few = ["--prompts", str(prompts), "--max-prompts", "4", "--save-traces", str(saved)]
+    assert cli_main(["speculator", "train", *few, "--no-measure", *common]) == 0
+    assert len(T.read_traces(saved)) == 4  # the first 4 prompts answered
     traces = tmp_path / "traces"
     traces.mkdir()
     lines = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}], "output": "a b c d e f"})
@@ -232,3 +236,13 @@ def test_the_packed_head_drafts_what_the_float_head_predicts(trained):
             exact, got = head.step(feature, embedding), packed.step(feature, embedding)
             assert got.shape == exact.shape
             assert float((got - exact).norm() / exact.norm()) < 0.02
+
+
+def test_the_built_in_prompts_are_many_and_leave_the_benchmark_out():
+    """Self-distillation without traffic: thousands of distinct chat prompts (tasks x
+    subjects), none of the chat prompts benchmarks/spec_decode.py measures a head on."""
+    from benchmarks.spec_decode import tasks
+
+    prompts = [t.messages[0]["content"] for t in T.read_prompts(T.BUILTIN_PROMPTS)]
+    assert len(prompts) == len(set(prompts)) > 2000
+    assert not set(tasks(False)["chat"]) & set(prompts)
