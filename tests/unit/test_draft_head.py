@@ -140,6 +140,8 @@ def test_speculator_train_cli_from_prompts_and_from_traces(tiny_llama_dir, tmp_p
     few = ["--prompts", str(prompts), "--max-prompts", "4", "--save-traces", str(saved)]
     assert cli_main(["speculator", "train", *few, "--no-measure", *common]) == 0
     assert len(T.read_traces(saved)) == 4  # the first 4 prompts answered
+    assert cli_main(["speculator", "train", "--prompts", str(prompts), "--max-prompts", "-1",
+                     *common]) == 2  # fmt: skip
     traces = tmp_path / "traces"
     traces.mkdir()
     lines = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}], "output": "a b c d e f"})

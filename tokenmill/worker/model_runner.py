@@ -115,9 +115,10 @@ class ModelRunner:
             self._verify(hidden, verify, sampled, logprobs)
         if sample_reqs:
             meta = SamplingMetadata.from_requests(sample_reqs)
-            tokens, lps = self._greedy(hidden[sample_rows], meta), None
+            rows_hidden = hidden[sample_rows]
+            tokens, lps = self._greedy(rows_hidden, meta), None
             if tokens is None:
-                out = self.sampler(self.model.compute_logits(hidden[sample_rows]), meta)
+                out = self.sampler(self.model.compute_logits(rows_hidden), meta)
                 tokens, lps = out.sampled_token_ids.tolist(), out.logprobs
             for row, req in enumerate(sample_reqs):
                 sampled[req.request_id] = [tokens[row]]
@@ -144,15 +145,18 @@ class ModelRunner:
         # a seeded request draws one uniform per position; it keeps those of accepted ones
         seeded = {sr.request.request_id: sr.request.generator.get_state()
                   for sr, _ in verify if sr.request.generator is not None}  # fmt: skip
-        targets, lps = None, None
-        if all(
-            sr.request.sampling_params.greedy and sr.request.grammar is None for sr, _ in verify
-        ):
-            targets = self._greedy(hidden[rows], SamplingMetadata.from_requests(requests, drafted))
+        rows_hidden = hidden[rows]
+        # constrained rows need their masks, which need the vocabulary size of the logits
+        constrained = any(sr.request.grammar is not None for sr, _ in verify)
+        meta = None if constrained else SamplingMetadata.from_requests(requests, drafted)
+        targets = None if meta is None else self._greedy(rows_hidden, meta)
+        lps = None
         if targets is None:
-            logits = self.model.compute_logits(hidden[rows])
-            masks = self._draft_masks(verify, logits.shape[1])
-            out = self.sampler(logits, SamplingMetadata.from_requests(requests, drafted, masks))
+            logits = self.model.compute_logits(rows_hidden)
+            if meta is None:
+                masks = self._draft_masks(verify, logits.shape[1])
+                meta = SamplingMetadata.from_requests(requests, drafted, masks)
+            out = self.sampler(logits, meta)
             targets, lps = out.sampled_token_ids.tolist(), out.logprobs
         offset = 0
         for sr, _ in verify:

@@ -168,6 +168,15 @@ static inline float block_term_c(int qt, const int32_t S[3], float s, float sum,
 
 // ---------------------------------------------------------------- plain C
 
+// The stored value of weight 4 j + t of row r in a group-block, as the byte planes multiply
+// it: Q8_0's byte (offset by 128), else a nibble (dword j % 4: low nibbles for j < 4, high
+// ones for j >= 4).
+static inline int stored_weight(int qt, const uint8_t* blk, int r, int j, int t) {
+    if (qt == QT_Q8_0) return blk[(j * GROUP + r) * 4 + t];
+    const uint8_t byte = blk[((j & 3) * GROUP + r) * 4 + t];
+    return j < 4 ? byte & 0x0F : byte >> 4;
+}
+
 static void group_c_planes(int qt, int planes, const uint8_t* gw, int64_t nb, const IntRows* q,
                            int64_t M, int64_t K, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
@@ -181,13 +190,7 @@ static void group_c_planes(int qt, int planes, const uint8_t* gw, int64_t nb, co
                 int32_t S[3] = {0, 0, 0};
                 for (int j = 0; j < 8; j++)
                     for (int t = 0; t < 4; t++) {
-                        int w;
-                        if (qt == QT_Q8_0) {
-                            w = blk[(j * GROUP + r) * 4 + t];
-                        } else {  // dword j % 4: low nibbles for j < 4, high nibbles for j >= 4
-                            const uint8_t byte = blk[((j & 3) * GROUP + r) * 4 + t];
-                            w = j < 4 ? byte & 0x0F : byte >> 4;
-                        }
+                        const int w = stored_weight(qt, blk, r, j, t);
                         for (int p = 0; p < planes; p++) S[p] += w * plane(q, m, p, K)[b * QK + 4 * j + t];
                     }
                 if (qt == QT_Q8_0)
@@ -481,12 +484,8 @@ void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, floa
                 int32_t sum = 0;
                 for (int j = 0; j < 8; j++)
                     for (int t = 0; t < 4; t++) {
-                        if (qt == QT_Q8_0) {
-                            sum += abs((int)blk[(j * GROUP + r) * 4 + t] - 128);
-                        } else {
-                            const uint8_t byte = blk[((j & 3) * GROUP + r) * 4 + t];
-                            sum += j < 4 ? byte & 0x0F : byte >> 4;
-                        }
+                        const int v = stored_weight(qt, blk, r, j, t);
+                        sum += qt == QT_Q8_0 ? abs(v - 128) : v;
                     }
                 const float a = fabsf(fp16(blk + qs + 2 * r)) * (float)sum;
                 largest = fmaxf(largest, a);
