@@ -177,6 +177,21 @@ def test_int_dot_is_exact_but_for_the_24_bit_activation(kernels, qtype, rows):
     assert torch.equal(int_dot(kernels, x, w, out=residual.clone()), residual + ours)
 
 
+def test_int_dot_activation_rounding_is_the_same_in_every_build(kernels):
+    """Blocks whose scale is exactly 1 (largest value 8355711): the halves in between round to
+    even, as rintf does in the plain C build; the digits' edges (+-127 per byte) included."""
+    w = packed("Q8_0", 32, 128)
+    x = torch.zeros(3, 128)
+    x[:, 0] = 8355711.0
+    x[0, 1:32] = torch.arange(1, 32) + 0.5  # ties up
+    x[0, 32:64] = -(torch.arange(32) + 0.5) * 3  # ties down, other blocks' scales differ
+    x[1, 1:32] = torch.tensor([127.5, -127.5, 32767.5, -32767.5, 8355710.5, -8355710.5] * 5 + [0.5])
+    x[2] = torch.randn(128) * 1e-30  # subnormal-scale blocks
+    ours = int_dot(kernels, x, w)
+    assert torch.equal(ours, int_dot(build_kernels("x86-64"), x, w))
+    assert torch.equal(ours, int_dot(kernels, x, w, reference=True))
+
+
 def test_int_dot_passes_non_finite_activations_on(kernels):
     w = packed("Q4_1", 16, 64)
     x = torch.randn(3, 64)
