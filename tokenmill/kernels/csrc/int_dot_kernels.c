@@ -140,16 +140,71 @@ static void quantize_block_avx512(const float* xb, int8_t* hi, int8_t* mid, int8
     psum[1] = _mm512_reduce_add_epi32(sm);
     psum[2] = _mm512_reduce_add_epi32(sl);
 }
+
+#elif defined(__AVX2__)
+static inline int32_t hsum8_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// 32 int32 lanes in [-127, 127] (four vectors) as 32 bytes, in order.
+static inline void store_bytes(int8_t* out, const __m256i v[4]) {
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256((__m256i*)out,
+                        _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// quantize_block_avx512 on 8 lanes.
+static void quantize_block_avx2(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
+                                float* sum, int32_t* psum) {
+    const __m256 zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
+    __m256 x[4], amax8 = zero;
+    int bad = 0;
+    for (int i = 0; i < 4; i++) {
+        x[i] = _mm256_loadu_ps(xb + 8 * i);
+        amax8 = _mm256_max_ps(_mm256_andnot_ps(sign, x[i]), amax8);  // NaN skipped
+        bad |= _mm256_movemask_ps(_mm256_cmp_ps(_mm256_mul_ps(x[i], zero), zero, _CMP_NEQ_UQ));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float nonfinite = bad ? NAN : 0.0f;
+    const float inv = amax > 0.0f && !bad ? X_INT_MAX / amax : 0.0f;
+    *scale = amax / X_INT_MAX + nonfinite;
+    const __m256 vinv = _mm256_set1_ps(inv), top = _mm256_set1_ps(X_INT_MAX), bottom = _mm256_set1_ps(-X_INT_MAX);
+    __m256i h[4], md[4], l[4], sv = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(x[i], vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm256_min_ps(_mm256_max_ps(r, bottom), top);  // max(NaN, b) = b: NaN -> -X_INT_MAX
+        const __m256i v = _mm256_cvtps_epi32(r);
+        l[i] = _mm256_srai_epi32(_mm256_slli_epi32(v, 24), 24);
+        const __m256i v1 = _mm256_srai_epi32(_mm256_sub_epi32(v, l[i]), 8);
+        md[i] = _mm256_srai_epi32(_mm256_slli_epi32(v1, 24), 24);
+        h[i] = _mm256_srai_epi32(_mm256_sub_epi32(v1, md[i]), 8);
+        sv = _mm256_add_epi32(sv, v);
+    }
+    store_bytes(hi, h), store_bytes(mid, md), store_bytes(lo, l);
+    *sum = *scale * (float)hsum8_epi32(sv);
+    psum[0] = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(h[0], h[1]), _mm256_add_epi32(h[2], h[3])));
+    psum[1] = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(md[0], md[1]), _mm256_add_epi32(md[2], md[3])));
+    psum[2] = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(l[0], l[1]), _mm256_add_epi32(l[2], l[3])));
+}
 #endif
 
 static void quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q) {
     const int64_t nb = K / QK;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) || defined(__AVX2__)
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) {
             int8_t* hi = q->planes + 3 * m * K + b * QK;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
             quantize_block_avx512(x + m * K + b * QK, hi, hi + K, hi + 2 * K, q->scale + m * nb + b,
                                   q->sum + m * nb + b, q->psum + 3 * (m * nb + b));
+#else
+            quantize_block_avx2(x + m * K + b * QK, hi, hi + K, hi + 2 * K, q->scale + m * nb + b,
+                                q->sum + m * nb + b, q->psum + 3 * (m * nb + b));
+#endif
         }
 #else
     for (int64_t m = 0; m < M; m++)
