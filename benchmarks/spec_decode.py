@@ -15,7 +15,9 @@ Systems
                            drafts sized by measured step times and acceptance)
     tokenmill ngram K=3    the same with every proposed draft verified (policy fixed, K=3)
     tokenmill draft head   --speculator FILE (a draft head from `tokenmill speculator train`),
-                           K up to 7, draft policy auto
+                           K up to 7, draft policy auto; n-gram lookup first, the head where
+                           it finds nothing (the default)
+    tokenmill head alone   the same with --no-speculative-lookup: every draft from the head
     llama.cpp              llama-server, Q4_1 (the same file), one slot: its decode speed
                            (timings.predicted_per_second) on the same prompt text
     llama.cpp lookup       the same server with --spec-type ngram-simple (its prompt-lookup
@@ -306,9 +308,9 @@ def main() -> None:
                                 "speculative_draft_policy": "fixed"},
     }  # fmt: skip
     if args.speculator:
-        configs["tokenmill draft head"] = {
-            **threads, "speculator": args.speculator, "num_speculative_tokens": 7,
-        }  # fmt: skip
+        head = {**threads, "speculator": args.speculator, "num_speculative_tokens": 7}
+        configs["tokenmill draft head"] = head
+        configs["tokenmill head alone"] = {**head, "speculative_lookup": False}
     systems = bench_tokenmill(configs, prompts, tokens, 1 if args.quick else 2)
     if not args.skip_llama_cpp:
         bin_dir, models = llama_cpp_dirs()

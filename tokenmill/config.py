@@ -166,6 +166,9 @@ class SpeculativeConfig:
     # recent acceptance (none where they would not pay); "fixed": every draft proposed
     draft_policy: str = "auto"
     speculator: str | None = None  # draft head file (method "draft_head")
+    # draft_head: n-gram lookup first (free: where the sequence repeats itself its drafts are
+    # long and mostly right), the head where it finds nothing
+    lookup_first: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:

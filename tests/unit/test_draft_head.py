@@ -63,7 +63,10 @@ def test_the_head_learns_the_targets_continuations(target, sequences, trained):
     assert seen > 2.0 and before < 1.1, (seen, before)
 
 
-def test_drafting_with_the_head_is_lossless(tiny_llama_dir, sequences, trained):
+@pytest.mark.parametrize("lookup", [True, False])
+def test_drafting_with_the_head_is_lossless(tiny_llama_dir, sequences, trained, lookup):
+    """Alone and batched; with n-gram lookup first (the repetitive prompts' drafts come from
+    it, the others' from the head) and with the head alone."""
     path = trained[-1]
     prompts = [ids[:n] for ids, n in sequences[:6]] + repetitive_prompts(2, seed=9)
     plain = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.1, weights="float32", max_num_seqs=1)
@@ -72,11 +75,18 @@ def test_drafting_with_the_head_is_lossless(tiny_llama_dir, sequences, trained):
         spec = LLM(
             str(tiny_llama_dir), kv_cache_memory_gib=0.1, weights="float32", speculator=str(path),
             num_speculative_tokens=4, speculative_draft_policy="fixed", max_num_seqs=max_num_seqs,
+            speculative_lookup=lookup,
         )  # fmt: skip
         assert run_checked(spec, prompts) == expected, max_num_seqs
-        stats = spec.engine.core.scheduler.spec_stats
+        sched = spec.engine.core.scheduler
+        stats = sched.spec_stats
         assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
+        # each source's verifications feed its own server-wide estimate
+        sources = sched.draft_policy.servers
+        assert sources["proposer"].trials > 0
+        assert (sources["lookup"].trials > 0) == lookup
     assert spec.engine.core.speculative_info()["method"] == "draft_head"
+    assert spec.engine.core.speculative_info()["lookup_first"] is lookup
 
 
 def test_the_proposer_gets_the_targets_last_hidden_state(tiny_llama_dir, trained):

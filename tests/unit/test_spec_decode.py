@@ -537,6 +537,18 @@ def test_a_new_request_starts_from_the_server_wide_acceptance():
     assert policy.acceptance(Acceptance()) > low + 0.1
 
 
+def test_each_draft_source_keeps_its_own_server_wide_acceptance():
+    """A draft head's failing drafts do not talk the server out of the n-gram lookup it tries
+    first, nor the other way round."""
+    policy = DraftPolicy(StepTimes())
+    for _ in range(40):
+        policy.record(Acceptance(), 3, 0, "proposer")
+        policy.record(Acceptance(), 3, 3, "lookup")
+    assert policy.acceptance(Acceptance(), "proposer") < 0.1
+    assert policy.acceptance(Acceptance(), "lookup") > 0.9
+    assert policy.acceptance(Acceptance()) == policy.acceptance(Acceptance(), "proposer")
+
+
 def test_the_auto_policy_stops_drafting_for_a_request_whose_drafts_fail(
     native_path, native_reference
 ):
@@ -634,3 +646,18 @@ def test_constrained_drafts_stop_where_closing_starts(native_path):
         for produced, n in calls:
             assert n <= max_tokens - produced - closing_reserve(max_tokens) - 1
         spec.engine.core.check_invariants()
+
+
+def test_the_lookup_before_a_draft_head_is_on_unless_switched_off_on_the_command_line():
+    import argparse
+
+    from tokenmill.engine.arg_utils import add_engine_args, build_engine_config, engine_kwargs
+
+    def spec(*argv: str):
+        p = argparse.ArgumentParser()
+        add_engine_args(p)
+        kwargs = engine_kwargs(p.parse_args(["--speculator", "head.safetensors", *argv]))
+        return build_engine_config(**kwargs).speculative_config
+
+    assert spec().method == "draft_head" and spec().lookup_first
+    assert not spec("--no-speculative-lookup").lookup_first

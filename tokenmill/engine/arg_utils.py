@@ -166,6 +166,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "(none where they would not pay); fixed: every draft the proposer finds",
     )
     g.add_argument(
+        "--speculative-lookup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with a draft head: try n-gram lookup first (free; where the sequence repeats "
+        "itself), the head where it finds nothing",
+    )
+    g.add_argument(
         "--record-traffic",
         default=None,
         metavar="DIR",
@@ -286,6 +293,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         ngram_max=args.ngram_max,
         speculative_draft_policy=args.speculative_draft_policy,
         speculator=args.speculator,
+        speculative_lookup=args.speculative_lookup,
         record_traffic=args.record_traffic,
         record_traffic_max_mib=args.record_traffic_max_mib,
         warm_up=args.warm_up,
@@ -327,6 +335,7 @@ def build_engine_config(
     ngram_max: int = 5,
     speculative_draft_policy: str = "auto",
     speculator: str | None = None,
+    speculative_lookup: bool = True,
     record_traffic: str | None = None,
     record_traffic_max_mib: int = 256,
     warm_up: bool = True,
@@ -386,6 +395,7 @@ def build_engine_config(
                 ngram_max,
                 speculative_draft_policy,
                 speculator,
+                speculative_lookup,
             )
             if speculative
             else None

@@ -225,6 +225,11 @@ class Scheduler:
         if room <= 0:
             return []
         assert self.proposer is not None
+        lookup = getattr(self.proposer, "lookup", None)
+        if lookup is not None:  # free to ask: where the sequence repeats itself, copy it
+            drafts = self._paying(request, "lookup", lookup.propose(request.all_token_ids, room))
+            if drafts:
+                return drafts
         rate = self.draft_policy.acceptance(request.spec_acceptance)
         room = self.draft_policy.num_drafts(rate, room)  # no drafting where none would pay
         if room <= 0:
@@ -236,10 +241,21 @@ class Scheduler:
             )
         else:
             drafts = self.proposer.propose(request.all_token_ids, room)
+        return self._paying(request, "proposer", drafts)
+
+    def _paying(self, request: Request, source: str, drafts: list[int]) -> list[int]:
+        """The drafts up to the first one the request's grammar rejects, and of those as many
+        as pay at the source's acceptance; the request remembers where they came from."""
         if drafts and request.grammar is not None:
             drafts = drafts[: request.grammar.validate_tokens(drafts)]
+        acceptance = request.acceptance_of(source)
+        rate = self.draft_policy.acceptance(acceptance, source)
         k = self.draft_policy.num_drafts(rate, len(drafts))
-        self.draft_policy.commit(rate, k)
+        if k:
+            self.draft_policy.commit(rate, k)
+            request.spec_source = source
+        elif drafts and source == "lookup":
+            self.draft_policy.idle(acceptance, source)  # declined: its estimate drifts back
         return drafts[:k]
 
     def _pick_victim(self) -> Request:
@@ -273,8 +289,9 @@ class Scheduler:
             if sr.spec_token_ids:
                 request.num_computed_tokens += len(sampled)
                 self.spec_stats.record(len(sr.spec_token_ids), len(sampled) - 1)
+                source = request.spec_source
                 self.draft_policy.record(
-                    request.spec_acceptance, len(sr.spec_token_ids), len(sampled) - 1
+                    request.acceptance_of(source), len(sr.spec_token_ids), len(sampled) - 1, source
                 )
             else:
                 request.num_computed_tokens += sr.num_new_tokens

@@ -30,6 +30,9 @@ _SERVER_DECAY = 0.98  # the server-wide estimate: the last ~50 verifications of 
 _SERVER_IDLE_DECAY = 0.995  # per request-step without drafts (it drifts back to _FIRST_PRIOR)
 _PRIOR_TRIALS = 2.0  # a request's prior: the server-wide rate, weakly held
 _FIRST_PRIOR = 0.7  # the server-wide rate before any verification
+# Where a step's drafts came from: the configured proposer, or the n-gram lookup that a draft
+# head proposer tries first. Each keeps its own acceptance estimates.
+DRAFT_SOURCES = ("proposer", "lookup")
 
 
 def context_bucket(context_tokens: int) -> int:
@@ -83,7 +86,9 @@ class DraftPolicy:
     def __init__(self, times: StepTimes, adaptive: bool = True) -> None:
         self.times = times
         self.adaptive = adaptive
-        self.server = Acceptance(_SERVER_DECAY)  # all requests' drafts: a new one's prior
+        # all requests' drafts, per source (the proposer; the n-gram lookup a draft head tries
+        # first): a new request's prior
+        self.servers = {s: Acceptance(_SERVER_DECAY) for s in DRAFT_SOURCES}
         self.rows = 0
         self.tokens = 0.0
         self.context = 0
@@ -110,18 +115,20 @@ class DraftPolicy:
         self.rows += drafts
         self.tokens += expected_tokens(acceptance, drafts) - 1.0
 
-    def acceptance(self, request: Acceptance) -> float:
+    def acceptance(self, request: Acceptance, source: str = "proposer") -> float:
         """A request's acceptance estimate; its prior is the server-wide rate."""
-        return request.rate(self.server.rate())
+        return request.rate(self.servers[source].rate())
 
-    def record(self, request: Acceptance, drafted: int, accepted: int) -> None:
+    def record(
+        self, request: Acceptance, drafted: int, accepted: int, source: str = "proposer"
+    ) -> None:
         request.record(drafted, accepted)
-        self.server.record(drafted, accepted)
+        self.servers[source].record(drafted, accepted)
 
-    def idle(self, request: Acceptance) -> None:
+    def idle(self, request: Acceptance, source: str = "proposer") -> None:
         """A request given no drafts this step: its evidence and (slowly) the server's fade."""
         request.idle()
-        self.server.idle(_SERVER_IDLE_DECAY)
+        self.servers[source].idle(_SERVER_IDLE_DECAY)
 
 
 class Acceptance:

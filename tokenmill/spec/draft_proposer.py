@@ -16,6 +16,7 @@ from tokenmill.spec.draft_head import (
     rms,
     target_fingerprint,
 )
+from tokenmill.spec.ngram import NgramProposer
 
 
 def target_readout(model, draft_vocab: torch.Tensor) -> TargetReadout:
@@ -94,6 +95,9 @@ class DraftHeadProposer:
     needs_features = True  # the model runner keeps each request's last hidden state
 
     def __init__(self, head: DraftHead, readout: TargetReadout, k: int) -> None:
+        # tried before the head by the scheduler, its drafts sized on their own acceptance
+        # (SpeculativeConfig.lookup_first); None: the head alone
+        self.lookup: NgramProposer | None = None
         self.head = head
         self.readout = readout
         self.k = k

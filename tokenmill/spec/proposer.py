@@ -24,7 +24,14 @@ def build_proposer(config: SpeculativeConfig, model) -> Proposer:
         return NgramProposer(config.ngram_min, config.ngram_max, config.num_speculative_tokens)
     if config.method == "draft_head":
         from tokenmill.spec.draft_proposer import DraftHeadProposer
+        from tokenmill.spec.ngram import NgramProposer
 
         assert config.speculator is not None
-        return DraftHeadProposer.from_file(config.speculator, model, config.num_speculative_tokens)
+        proposer = DraftHeadProposer.from_file(
+            config.speculator, model, config.num_speculative_tokens
+        )
+        if config.lookup_first:
+            k = config.num_speculative_tokens
+            proposer.lookup = NgramProposer(config.ngram_min, config.ngram_max, k)
+        return proposer
     raise ValueError(f"speculative method: unknown {config.method!r}")
