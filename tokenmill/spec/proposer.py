@@ -13,7 +13,8 @@ class Proposer(Protocol):
 
     def propose(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
         """Up to `max_tokens` drafted continuations of `token_ids` (may be none). A proposer
-        with `needs_features = True` also gets `feature=`: the target's last hidden state."""
+        with `needs_features = True` also gets `feature=`: the target's last hidden state. One
+        with a `lookup` proposer (not None) is asked only where that one drafts nothing."""
         ...
 
 
