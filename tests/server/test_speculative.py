@@ -65,6 +65,10 @@ def test_served_ngram_speculation(tmp_path):
         per_pos = metric(text, "tokenmill:spec_decode_num_accepted_tokens_per_pos_total")
         assert per_pos == accepted
         assert metric(text, "tokenmill:spec_decode_acceptance_length_count") == drafts
+        assert 'proposer="ngram"' in text
+        by = "tokenmill:spec_decode_num_{}_by_proposer_total"
+        assert metric(text, by.format("draft_tokens")) == drafted
+        assert metric(text, by.format("accepted_tokens")) == accepted
     finally:
         assert srv.stop() == 0
 

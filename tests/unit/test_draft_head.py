@@ -81,6 +81,9 @@ def test_drafting_with_the_head_is_lossless(tiny_llama_dir, sequences, trained, 
         sched = spec.engine.core.scheduler
         stats = sched.spec_stats
         assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
+        by = stats.draft_tokens_by_proposer
+        assert sum(by.values()) == stats.num_draft_tokens
+        assert set(by) == ({"draft_head", "ngram"} if lookup else {"draft_head"})
         # each source's verifications feed its own server-wide estimate
         sources = sched.draft_policy.servers
         assert sources["proposer"].trials > 0

@@ -89,10 +89,13 @@ def test_speculative_config_is_validated():
 
 def test_spec_stats_cross_the_process_boundary():
     stats = SpecDecodeStats()
-    stats.record(4, 2)
-    stats.record(3, 3)
-    assert stats.accepted_per_pos == [2, 2, 1, 0] and stats.accepted_lengths == [0, 0, 1, 1, 0]
-    assert stats.mean_acceptance_length == 1 + 5 / 2
+    stats.record(4, 2, "draft_head")
+    stats.record(3, 3, "ngram")
+    stats.record(1, 0, "ngram")
+    assert stats.accepted_per_pos == [2, 2, 1, 0] and stats.accepted_lengths == [1, 0, 1, 1, 0]
+    assert stats.draft_tokens_by_proposer == {"draft_head": 4, "ngram": 4}
+    assert stats.accepted_tokens_by_proposer == {"draft_head": 2, "ngram": 3}
+    assert stats.mean_acceptance_length == 1 + 5 / 3
     back = decode_outputs(encode_outputs(EngineCoreOutputs([], SchedulerStats(spec_decode=stats))))
     assert back.stats.spec_decode == stats
     assert decode_outputs(encode_outputs(EngineCoreOutputs())).stats.spec_decode is None

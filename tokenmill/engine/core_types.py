@@ -50,11 +50,19 @@ class SpecDecodeStats:
     # accepted_per_pos[i]: drafts accepted at position i; accepted_lengths[a]: steps with a
     accepted_per_pos: list[int] = field(default_factory=list)
     accepted_lengths: list[int] = field(default_factory=list)
+    # by the proposer that drafted them (a draft head's steps: "draft_head" or its "ngram" lookup)
+    draft_tokens_by_proposer: dict[str, int] = field(default_factory=dict)
+    accepted_tokens_by_proposer: dict[str, int] = field(default_factory=dict)
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int, proposer: str = "") -> None:
         self.num_drafts += 1
         self.num_draft_tokens += drafted
         self.num_accepted_tokens += accepted
+        if proposer:
+            by = self.draft_tokens_by_proposer
+            by[proposer] = by.get(proposer, 0) + drafted
+            by = self.accepted_tokens_by_proposer
+            by[proposer] = by.get(proposer, 0) + accepted
         for counts, upto in (
             (self.accepted_per_pos, drafted),
             (self.accepted_lengths, drafted + 1),
@@ -72,6 +80,8 @@ class SpecDecodeStats:
             self.num_accepted_tokens,
             list(self.accepted_per_pos),
             list(self.accepted_lengths),
+            dict(self.draft_tokens_by_proposer),
+            dict(self.accepted_tokens_by_proposer),
         )
 
     @property

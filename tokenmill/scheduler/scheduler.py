@@ -288,8 +288,9 @@ class Scheduler:
             sampled = result.sampled_token_ids.get(rid, ())
             if sr.spec_token_ids:
                 request.num_computed_tokens += len(sampled)
-                self.spec_stats.record(len(sr.spec_token_ids), len(sampled) - 1)
                 source = request.spec_source
+                drafter = self.proposer.lookup if source == "lookup" else self.proposer
+                self.spec_stats.record(len(sr.spec_token_ids), len(sampled) - 1, drafter.name)
                 self.draft_policy.record(
                     request.acceptance_of(source), len(sr.spec_token_ids), len(sampled) - 1, source
                 )

@@ -157,6 +157,20 @@ class ServerMetrics:
             [*labels, "position"],
             registry=r,
         )
+        by_proposer = [*labels, "proposer"]
+        self.spec_draft_tokens_by_proposer = Counter(
+            "tokenmill:spec_decode_num_draft_tokens_by_proposer",
+            "Drafted tokens by proposer (a draft head's: draft_head, or the ngram lookup it tries "
+            "first)",
+            by_proposer,
+            registry=r,
+        )
+        self.spec_accepted_tokens_by_proposer = Counter(
+            "tokenmill:spec_decode_num_accepted_tokens_by_proposer",
+            "Accepted drafted tokens by proposer",
+            by_proposer,
+            registry=r,
+        )
         self.spec_acceptance_length = Histogram(
             "tokenmill:spec_decode_acceptance_length",
             "Tokens per verification step (accepted drafts + the target's own token)",
@@ -280,6 +294,21 @@ class ServerMetrics:
         ):
             if now > then:
                 counter.labels(m).inc(now - then)
+        for counter, now_by, then_by in (
+            (
+                self.spec_draft_tokens_by_proposer,
+                spec.draft_tokens_by_proposer,
+                before.draft_tokens_by_proposer,
+            ),
+            (
+                self.spec_accepted_tokens_by_proposer,
+                spec.accepted_tokens_by_proposer,
+                before.accepted_tokens_by_proposer,
+            ),
+        ):
+            for name, count in now_by.items():
+                if count > then_by.get(name, 0):
+                    counter.labels(m, name).inc(count - then_by.get(name, 0))
         for pos, count in enumerate(spec.accepted_per_pos):
             then = before.accepted_per_pos[pos] if pos < len(before.accepted_per_pos) else 0
             if count > then:
