@@ -115,7 +115,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         off, on, accept = measure_speedup(llm, args.model, args.out, held, args.max_tokens, k)
         print(
             f"held-out decode: {off:.1f} tok/s without, {on:.1f} tok/s with the draft head "
-            f"({on / off:.2f}x), acceptance length {accept:.2f}"
+            f"and its n-gram lookup ({on / off:.2f}x), acceptance length {accept:.2f}"
         )
     return 0
 
