@@ -341,6 +341,15 @@ static void group_c_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
+// acc + the u8 x s8 dot products of w's dwords with the dword at x in every lane, the
+// broadcast folded into the instruction's memory operand (GCC keeps a separate broadcast load
+// for _mm512_set1_epi32: one more uop per product, which the extra rows of a verification
+// step are short of).
+ALWAYS_INLINE __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int32_t* x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+    return acc;
+}
+
 ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t nb,
                                   const IntRows* q, int64_t M, int64_t K, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
@@ -370,8 +379,8 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
                 const int32_t* xp = (const int32_t*)(plane(q, m, p, K) + b * QK);
                 __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
                 for (int j = 0; j < 8; j += 2) {
-                    even = _mm512_dpbusd_epi32(even, w[j], _mm512_set1_epi32(xp[j]));
-                    odd = _mm512_dpbusd_epi32(odd, w[j + 1], _mm512_set1_epi32(xp[j + 1]));
+                    even = dpbusd_broadcast(even, w[j], xp + j);
+                    odd = dpbusd_broadcast(odd, w[j + 1], xp + j + 1);
                 }
                 S[p] = _mm512_add_epi32(even, odd);
                 if (qt == QT_Q8_0)
