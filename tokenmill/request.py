@@ -8,7 +8,7 @@ import time
 import torch
 
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.spec.draft_policy import Acceptance
+from tokenmill.spec.draft_policy import DRAFT_SOURCES, Acceptance
 
 
 class RequestStatus(enum.IntEnum):
@@ -74,8 +74,8 @@ class Request:
         self.loop_breaks = 0
         # Constrained output heading for its end: sampling prefers tokens that close it.
         self.closing = False
-        self.spec_acceptance = Acceptance()  # recent acceptance of its proposer's drafts
-        self.spec_lookup_acceptance = Acceptance()  # ... of the n-gram lookup's (draft heads)
+        # recent acceptance of its drafts, per source (its proposer; a draft head's lookup)
+        self.spec_acceptance = {source: Acceptance() for source in DRAFT_SOURCES}
         self.spec_source = "proposer"  # where the drafts being verified came from
         self.spec_feature: torch.Tensor | None = None  # last hidden state (draft heads)
         self.generator: torch.Generator | None = None
@@ -86,10 +86,6 @@ class Request:
         # even when preemption recomputes the prompt).
         last = max(len(prompt_token_ids) - 1, 0)
         self.prompt_logprobs_upto = 0 if params.prompt_logprobs is not None else last
-
-    def acceptance_of(self, source: str) -> Acceptance:
-        """Its recent acceptance of drafts from `source` (spec/draft_policy.DRAFT_SOURCES)."""
-        return self.spec_lookup_acceptance if source == "lookup" else self.spec_acceptance
 
     @property
     def num_tokens(self) -> int:

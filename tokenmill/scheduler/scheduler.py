@@ -230,10 +230,11 @@ class Scheduler:
             drafts = self._paying(request, "lookup", lookup.propose(request.all_token_ids, room))
             if drafts:
                 return drafts
-        rate = self.draft_policy.acceptance(request.spec_acceptance)
+        own = request.spec_acceptance["proposer"]
+        rate = self.draft_policy.acceptance(own)
         room = self.draft_policy.num_drafts(rate, room)  # no drafting where none would pay
         if room <= 0:
-            self.draft_policy.idle(request.spec_acceptance)
+            self.draft_policy.idle(own)
             return []
         if getattr(self.proposer, "needs_features", False):
             drafts = self.proposer.propose(
@@ -248,7 +249,7 @@ class Scheduler:
         as pay at the source's acceptance; the request remembers where they came from."""
         if drafts and request.grammar is not None:
             drafts = drafts[: request.grammar.validate_tokens(drafts)]
-        acceptance = request.acceptance_of(source)
+        acceptance = request.spec_acceptance[source]
         rate = self.draft_policy.acceptance(acceptance, source)
         k = self.draft_policy.num_drafts(rate, len(drafts))
         if k:
@@ -292,7 +293,10 @@ class Scheduler:
                 drafter = self.proposer.lookup if source == "lookup" else self.proposer
                 self.spec_stats.record(len(sr.spec_token_ids), len(sampled) - 1, drafter.name)
                 self.draft_policy.record(
-                    request.acceptance_of(source), len(sr.spec_token_ids), len(sampled) - 1, source
+                    request.spec_acceptance[source],
+                    len(sr.spec_token_ids),
+                    len(sampled) - 1,
+                    source,
                 )
             else:
                 request.num_computed_tokens += sr.num_new_tokens

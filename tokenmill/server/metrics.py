@@ -307,8 +307,8 @@ class ServerMetrics:
             ),
         ):
             for name, count in now_by.items():
-                if count > then_by.get(name, 0):
-                    counter.labels(m, name).inc(count - then_by.get(name, 0))
+                if count > (then := then_by.get(name, 0)):
+                    counter.labels(m, name).inc(count - then)
         for pos, count in enumerate(spec.accepted_per_pos):
             then = before.accepted_per_pos[pos] if pos < len(before.accepted_per_pos) else 0
             if count > then:

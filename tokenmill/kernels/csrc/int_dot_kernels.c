@@ -104,9 +104,11 @@ static inline const int8_t* plane(const IntRows* q, int64_t m, int p, int64_t K)
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-// quantize_rows' operations on 16 lanes at a time (the same results bit for bit: max skips
-// NaN as the scalar comparison does, and the block's sums are exact integers).
-static void quantize_block_avx512(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
+// One 32-value block of an activation row as three byte planes (hi, mid, lo), its scale, its
+// scale * sum and its planes' sums; the vector bodies give the plain C body's results bit for
+// bit (max skips NaN as the scalar comparison does, and the block's sums are exact integers).
+// AVX-512: 16 lanes at a time.
+static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
                                   float* sum, int32_t* psum) {
     const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
     // max(a, b) returns b when a is NaN: NaN skipped
@@ -155,8 +157,8 @@ static inline void store_bytes(int8_t* out, const __m256i v[4]) {
                         _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-// quantize_block_avx512 on 8 lanes.
-static void quantize_block_avx2(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
+// AVX2: 8 lanes at a time.
+static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
                                 float* sum, int32_t* psum) {
     const __m256 zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
     __m256 x[4], amax8 = zero;
@@ -190,61 +192,51 @@ static void quantize_block_avx2(const float* xb, int8_t* hi, int8_t* mid, int8_t
     psum[1] = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(md[0], md[1]), _mm256_add_epi32(md[2], md[3])));
     psum[2] = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(l[0], l[1]), _mm256_add_epi32(l[2], l[3])));
 }
+#else
+// Plain C.
+static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
+                           float* sum, int32_t* psum) {
+    float amax = 0.0f, nonfinite = 0.0f;  // NaN when the block holds inf or NaN
+    for (int j = 0; j < QK; j++) {  // fmaxf's result (NaN skipped), but inlined
+        const float a = fabsf(xb[j]);
+        amax = a > amax ? a : amax;
+        nonfinite += xb[j] * 0.0f;
+    }
+    const float inv = amax > 0.0f && nonfinite == 0.0f ? X_INT_MAX / amax : 0.0f;
+    const float s = amax / X_INT_MAX + nonfinite;  // a NaN scale: NaN out, as fp32 would
+    int64_t total = 0;
+    int32_t sums[3] = {0, 0, 0};
+    for (int j = 0; j < QK; j++) {
+        // fminf(fmaxf(r, -X_INT_MAX), X_INT_MAX) (NaN -> -X_INT_MAX), inlined
+        float r = rintf(xb[j] * inv);
+        r = r >= -X_INT_MAX ? r : -X_INT_MAX;
+        r = r <= X_INT_MAX ? r : X_INT_MAX;
+        const int32_t v = (int32_t)r;
+        // balanced base-256 digits: v = 65536 hi + 256 mid + lo, each in [-127, 127]
+        const int32_t l = (int8_t)(uint8_t)(v & 0xFF), v1 = (v - l) / 256;
+        const int32_t md = (int8_t)(uint8_t)(v1 & 0xFF), h = (v1 - md) / 256;
+        hi[j] = (int8_t)h;
+        mid[j] = (int8_t)md;
+        lo[j] = (int8_t)l;
+        sums[0] += h;
+        sums[1] += md;
+        sums[2] += l;
+        total += v;
+    }
+    *scale = s;
+    *sum = s * (float)total;
+    memcpy(psum, sums, sizeof sums);
+}
 #endif
 
 static void quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q) {
     const int64_t nb = K / QK;
-#if defined(__AVX512F__) && defined(__AVX512BW__) || defined(__AVX2__)
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) {
             int8_t* hi = q->planes + 3 * m * K + b * QK;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-            quantize_block_avx512(x + m * K + b * QK, hi, hi + K, hi + 2 * K, q->scale + m * nb + b,
-                                  q->sum + m * nb + b, q->psum + 3 * (m * nb + b));
-#else
-            quantize_block_avx2(x + m * K + b * QK, hi, hi + K, hi + 2 * K, q->scale + m * nb + b,
-                                q->sum + m * nb + b, q->psum + 3 * (m * nb + b));
-#endif
+            quantize_block(x + m * K + b * QK, hi, hi + K, hi + 2 * K, q->scale + m * nb + b,
+                           q->sum + m * nb + b, q->psum + 3 * (m * nb + b));
         }
-#else
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t b = 0; b < nb; b++) {
-            const float* xb = x + m * K + b * QK;
-            int8_t* hi = q->planes + 3 * m * K + b * QK;
-            int8_t* mid = hi + K;
-            int8_t* lo = mid + K;
-            float amax = 0.0f, nonfinite = 0.0f;  // NaN when the block holds inf or NaN
-            for (int j = 0; j < QK; j++) {  // fmaxf's result (NaN skipped), but inlined
-                const float a = fabsf(xb[j]);
-                amax = a > amax ? a : amax;
-                nonfinite += xb[j] * 0.0f;
-            }
-            const float inv = amax > 0.0f && nonfinite == 0.0f ? X_INT_MAX / amax : 0.0f;
-            const float s = amax / X_INT_MAX + nonfinite;  // a NaN scale: NaN out, as fp32 would
-            int64_t total = 0;
-            int32_t sums[3] = {0, 0, 0};
-            for (int j = 0; j < QK; j++) {
-                // fminf(fmaxf(r, -X_INT_MAX), X_INT_MAX) (NaN -> -X_INT_MAX), inlined
-                float r = rintf(xb[j] * inv);
-                r = r >= -X_INT_MAX ? r : -X_INT_MAX;
-                r = r <= X_INT_MAX ? r : X_INT_MAX;
-                const int32_t v = (int32_t)r;
-                // balanced base-256 digits: v = 65536 hi + 256 mid + lo, each in [-127, 127]
-                const int32_t l = (int8_t)(uint8_t)(v & 0xFF), v1 = (v - l) / 256;
-                const int32_t md = (int8_t)(uint8_t)(v1 & 0xFF), h = (v1 - md) / 256;
-                hi[j] = (int8_t)h;
-                mid[j] = (int8_t)md;
-                lo[j] = (int8_t)l;
-                sums[0] += h;
-                sums[1] += md;
-                sums[2] += l;
-                total += v;
-            }
-            q->scale[m * nb + b] = s;
-            q->sum[m * nb + b] = s * (float)total;
-            memcpy(q->psum + 3 * (m * nb + b), sums, sizeof sums);
-        }
-#endif
 }
 
 static IntRows alloc_rows(int64_t M, int64_t K, void** buffer) {
