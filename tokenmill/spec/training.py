@@ -243,7 +243,7 @@ def acceptance_length(
 ) -> float:
     """Mean tokens per verification step if the head drafted k tokens at every output
     position of these (ids, prompt length) sequences, greedy outputs of the target: a draft
-    is accepted while it matches."""
+    is accepted while it matches. All positions of a sequence draft their chains together."""
     from tokenmill.engine.scoring import sequence_hidden
 
     total, steps = 0, 0
@@ -251,18 +251,22 @@ def acceptance_length(
         if len(ids) < prompt_len + 2:
             continue
         h = sequence_hidden(llm.engine.core, ids)
-        for t in range(prompt_len - 1, len(ids) - 1):
-            f, token, accepted = h[t], ids[t + 1], 0
-            for i in range(k):
-                if t + 2 + i >= len(ids):
-                    break
-                f = head.step(f, readout.embed_tokens[token].float())
-                token = int(head.draft_vocab[int(head.draft_logits(f, readout).argmax())])
-                if token != ids[t + 2 + i]:
-                    break
-                accepted += 1
-            total += 1 + accepted
-            steps += 1
+        tokens = torch.tensor(ids)
+        starts = torch.arange(max(prompt_len - 1, 0), len(ids) - 1)  # each chain's position t
+        feature, token = h[starts], tokens[starts + 1]
+        alive = torch.ones(len(starts), dtype=torch.bool)
+        accepted = torch.zeros(len(starts), dtype=torch.long)
+        for i in range(k):
+            target = starts + 2 + i  # the position draft i guesses
+            alive &= target < len(ids)
+            if not alive.any():
+                break
+            feature = head.step(feature, readout.embed_tokens[token].float())
+            token = head.draft_vocab[head.draft_logits(feature, readout).argmax(-1)]
+            alive &= token == tokens[target.clamp(max=len(ids) - 1)]
+            accepted += alive
+        total += int((1 + accepted).sum())
+        steps += len(starts)
     return total / max(steps, 1)
 
 
