@@ -24,6 +24,7 @@ from tokenmill.request import Request
 from tokenmill.sampling.sampler import Sampler
 from tokenmill.scheduler.scheduler import ScheduledRequest
 from tokenmill.spec.draft_policy import (
+    FRESH_STEPS,
     Acceptance,
     DraftPolicy,
     StepTimes,
@@ -502,6 +503,45 @@ def test_the_draft_policy_drafts_only_where_it_pays():
     fixed.start_step(1)
     assert fixed.num_drafts(0.0, 5) == 5
     assert expected_tokens(0.5, 2) == 1.75
+
+
+def test_a_row_count_not_chosen_lately_is_measured_again():
+    """A verdict on a row count expires: slow first steps of 2 rows do not keep the policy off
+    2-row steps for good (it extrapolates again, so it tries them again)."""
+    times = StepTimes()
+    for _ in range(3):
+        times.observe(1, 0.004)
+        times.observe(2, 0.010)  # slow once (a cold start, a noisy neighbour)
+    assert times.estimate(2) == 0.010
+    for _ in range(FRESH_STEPS):
+        times.observe(1, 0.004)  # hundreds of steps without 2 rows
+    assert times.measured(2) is None
+    assert times.estimate(2) == pytest.approx(0.004 * 1.35)  # the prior again: explored
+    for _ in range(3):
+        times.observe(2, 0.0045)
+    assert times.estimate(2) == 0.0045
+
+
+def test_a_proposer_s_drafting_time_counts_against_its_drafts():
+    """The head's drafts cost the head's time as well as verification rows: measured per
+    draft, it shortens the chains (and stops drafts that only pay when they are free)."""
+    times = StepTimes()
+    for rows, ms in enumerate([4.0, 4.6, 5.6, 6.6, 7.6, 8.6, 9.6, 10.6], start=1):
+        for _ in range(3):
+            times.observe(rows, ms / 1000)
+    policy = DraftPolicy(times)
+    policy.start_step(1)
+    free = policy.num_drafts(0.6, 7)
+    assert free >= 2
+    policy.drafted("proposer", 2, 0.002)  # 1 ms per draft
+    assert policy.draft_costs["proposer"].per_draft() == pytest.approx(0.001)
+    policy.start_step(1)
+    costed = policy.num_drafts(0.6, 7, policy.draft_costs["proposer"].per_draft())
+    assert 0 < costed < free
+    assert policy.num_drafts(0.6, 7, 0.004) == 0  # a draft as dear as a step: none
+    policy.drafted("lookup", 0, 0.001)  # a lookup that found nothing: time spent, no cost
+    assert policy.draft_costs["lookup"].per_draft() == 0.0
+    assert policy.drafting == pytest.approx(0.001)  # this step's drafting time so far
 
 
 def test_acceptance_estimate_follows_recent_drafts():

@@ -5,6 +5,7 @@ prefill, chunked prefill, decode and recompute after preemption."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -84,6 +85,7 @@ class Scheduler:
         self.spec_stats = SpecDecodeStats()
         self.on_finished: Callable[[Request], None] | None = None  # completed requests
         self.step_times = StepTimes()  # decode-only step seconds by rows (the engine measures)
+        self.drafting_seconds = 0.0  # spent proposing drafts in the latest schedule()
         self.draft_policy = DraftPolicy(self.step_times, draft_policy == "auto")
         self.kv = kv_manager
         self.max_model_len = max_model_len
@@ -134,6 +136,7 @@ class Scheduler:
 
         # Drafts go to decoding requests while the step's decode rows fit MAX_SPEC_ROWS.
         spec_rows_left = 0
+        self.drafting_seconds = 0.0
         if self.proposer is not None:
             decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
             spec_rows_left = MAX_SPEC_ROWS - len(decoding)
@@ -227,22 +230,31 @@ class Scheduler:
         assert self.proposer is not None
         lookup = getattr(self.proposer, "lookup", None)
         if lookup is not None:  # free to ask: where the sequence repeats itself, copy it
-            drafts = self._paying(request, "lookup", lookup.propose(request.all_token_ids, room))
+            found = self._timed(lookup.propose, "lookup", request.all_token_ids, room)
+            drafts = self._paying(request, "lookup", found)
             if drafts:
                 return drafts
         own = request.spec_acceptance["proposer"]
         rate = self.draft_policy.acceptance(own)
-        room = self.draft_policy.num_drafts(rate, room)  # no drafting where none would pay
+        cost = self.draft_policy.draft_costs["proposer"].per_draft()
+        room = self.draft_policy.num_drafts(rate, room, cost)  # no drafting where none would pay
         if room <= 0:
             self.draft_policy.idle(own)
             return []
-        if getattr(self.proposer, "needs_features", False):
-            drafts = self.proposer.propose(
-                request.all_token_ids, room, feature=request.spec_feature
-            )
-        else:
-            drafts = self.proposer.propose(request.all_token_ids, room)
+        features = getattr(self.proposer, "needs_features", False)
+        kw = {"feature": request.spec_feature} if features else {}
+        drafts = self._timed(self.proposer.propose, "proposer", request.all_token_ids, room, **kw)
         return self._paying(request, "proposer", drafts)
+
+    def _timed(self, propose, source: str, token_ids, room: int, **kw) -> list[int]:
+        """A proposer's drafts; the time they took is the draft policy's cost per draft of the
+        source, and is left out of the step time by row count."""
+        start = time.perf_counter()
+        drafts = propose(token_ids, room, **kw)
+        seconds = time.perf_counter() - start
+        self.drafting_seconds += seconds
+        self.draft_policy.drafted(source, len(drafts), seconds)
+        return drafts
 
     def _paying(self, request: Request, source: str, drafts: list[int]) -> list[int]:
         """The drafts up to the first one the request's grammar rejects, and of those as many

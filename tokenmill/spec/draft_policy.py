@@ -1,17 +1,21 @@
-"""How many drafts pay this step: measured decode-step times by row count, and each request's
-recent acceptance.
+"""How many drafts pay this step: measured decode-step times by row count, each proposer's
+measured drafting time, and each request's recent acceptance.
 
-A verification row is not free (on a CPU it costs a fair part of a whole decode step), so
-drafting k tokens pays only when the tokens it is expected to add outweigh the step time it
-adds. With per-draft acceptance rate a, k drafts yield E(k) = (1 - a^(k+1)) / (1 - a) tokens
-(the accepted run plus the target's own token). The step's expected tokens per second,
-(tokens of the other rows + E(k)) / T(rows + k), picks k; k = 0 switches speculation off for
-the request this step (chat-like traffic, large batches).
+A verification row is not free (on a CPU it costs a fair part of a whole decode step), nor is
+a draft head's draft, so drafting k tokens pays only when the tokens it is expected to add
+outweigh the time it adds. With per-draft acceptance rate a, k drafts yield
+E(k) = (1 - a^(k+1)) / (1 - a) tokens (the accepted run plus the target's own token). The
+step's expected tokens per second, (tokens of the other rows + E(k)) / (T(rows + k) + D +
+k * c), picks k; k = 0 switches speculation off for the request this step (chat-like traffic,
+large batches). c is the proposer's drafting time per token where the drafts are still to be
+made (a draft head: each draft runs the head), D the drafting already done this step.
 
-T is the engine's own decode-only step time by row count and context size (the median of the
-latest steps); a row count not measured yet is extrapolated from the nearest measured one of
-the same context size with a prior cost per extra row, so the first drafts explore it, and
-its measurement then decides.
+T is the engine's own decode-only step time by row count and context size, drafting time
+excluded (the median of the latest steps); a row count not measured lately is extrapolated
+from the nearest measured one of the same context size with a prior cost per extra row, so
+the first drafts explore it and its measurement then decides. Measurements expire after a
+few hundred decode steps: a row count the policy stopped choosing (its first steps were slow,
+say) is tried again instead of keeping a stale verdict for good.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from tokenmill.config import MAX_SPEC_ROWS
 
 _WINDOW = 16  # latest step times kept per row count
 _TRUSTED = 3  # observations before a row count's own median is used
+FRESH_STEPS = 256  # decode steps an observation counts for (then the row count is re-tried)
 _PRIOR_ROW_COST = 0.35  # extra row vs a 1-row step, until measured (CPU decode, 2 cores)
 _DECAY = 0.8  # weight of a request's earlier drafts in its acceptance estimate
 _IDLE_DECAY = 0.9  # per step without drafts: the estimate drifts back toward the prior
@@ -30,6 +35,7 @@ _SERVER_DECAY = 0.98  # the server-wide estimate: the last ~50 verifications of 
 _SERVER_IDLE_DECAY = 0.995  # per request-step without drafts (it drifts back to _FIRST_PRIOR)
 _PRIOR_TRIALS = 2.0  # a request's prior: the server-wide rate, weakly held
 _FIRST_PRIOR = 0.7  # the server-wide rate before any verification
+_DRAFT_COST_DECAY = 0.9  # weight of earlier drafts in a proposer's seconds per draft
 # Where a step's drafts came from: the configured proposer, or the n-gram lookup that a draft
 # head proposer tries first. Each keeps its own acceptance estimates.
 DRAFT_SOURCES = ("proposer", "lookup")
@@ -43,21 +49,26 @@ def context_bucket(context_tokens: int) -> int:
 
 class StepTimes:
     """Decode-only step time by context bucket and number of query rows (1..MAX_SPEC_ROWS):
-    the median of the latest observations, trusted from the third one on (a first step of a
-    new shape can be slow for reasons of its own); until then extrapolated from the nearest
-    measured row count of the same bucket, so the row count gets tried."""
+    the median of the latest observations of the last FRESH_STEPS decode steps, trusted from
+    the third one on (a first step of a new shape can be slow for reasons of its own); until
+    then extrapolated from the nearest measured row count of the same bucket, so the row count
+    gets tried."""
 
     def __init__(self) -> None:
-        self.samples: dict[tuple[int, int], deque[float]] = {}
+        self.samples: dict[tuple[int, int], deque[tuple[int, float]]] = {}
+        self.clock = 0  # decode steps observed
 
     def observe(self, rows: int, seconds: float, context_tokens: int = 0) -> None:
         if 1 <= rows <= MAX_SPEC_ROWS:
+            self.clock += 1
             key = (context_bucket(context_tokens), rows)
-            self.samples.setdefault(key, deque(maxlen=_WINDOW)).append(seconds)
+            self.samples.setdefault(key, deque(maxlen=_WINDOW)).append((self.clock, seconds))
 
     def measured(self, rows: int, context_tokens: int = 0) -> float | None:
+        since = self.clock - FRESH_STEPS
         s = self.samples.get((context_bucket(context_tokens), rows), ())
-        return statistics.median(s) if len(s) >= _TRUSTED else None
+        fresh = [seconds for clock, seconds in s if clock > since]
+        return statistics.median(fresh) if len(fresh) >= _TRUSTED else None
 
     def estimate(self, rows: int, context_tokens: int = 0) -> float:
         """Seconds for a step of `rows` rows (relative units before anything is measured)."""
@@ -65,14 +76,34 @@ class StepTimes:
         own = self.measured(rows, context_tokens)
         if own is not None:
             return own
-        measured = [
-            m for m in range(1, MAX_SPEC_ROWS + 1) if self.measured(m, context_tokens) is not None
-        ]
+        measured = {
+            m: t
+            for m in range(1, MAX_SPEC_ROWS + 1)
+            if (t := self.measured(m, context_tokens)) is not None
+        }
         if not measured:
             return 1.0 + _PRIOR_ROW_COST * (rows - 1)
         near = min(measured, key=lambda m: abs(m - rows))
-        one_row = self.measured(near, context_tokens) / (1.0 + _PRIOR_ROW_COST * (near - 1))
+        one_row = measured[near] / (1.0 + _PRIOR_ROW_COST * (near - 1))
         return one_row * (1.0 + _PRIOR_ROW_COST * (rows - 1))
+
+
+class DraftCost:
+    """A proposer's recent drafting seconds per drafted token (decayed mean; 0 until seen)."""
+
+    __slots__ = ("seconds", "drafts")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.drafts = 0.0
+
+    def observe(self, drafts: int, seconds: float) -> None:
+        if drafts > 0:
+            self.seconds = _DRAFT_COST_DECAY * self.seconds + seconds
+            self.drafts = _DRAFT_COST_DECAY * self.drafts + drafts
+
+    def per_draft(self) -> float:
+        return self.seconds / self.drafts if self.drafts else 0.0
 
 
 def expected_tokens(acceptance: float, drafts: int) -> float:
@@ -89,24 +120,30 @@ class DraftPolicy:
         # all requests' drafts, per source (the proposer; the n-gram lookup a draft head tries
         # first): a new request's prior
         self.servers = {s: Acceptance(_SERVER_DECAY) for s in DRAFT_SOURCES}
+        # seconds per draft of each source, measured by the scheduler (n-gram lookup: ~0)
+        self.draft_costs = {s: DraftCost() for s in DRAFT_SOURCES}
         self.rows = 0
         self.tokens = 0.0
         self.context = 0
+        self.drafting = 0.0  # drafting seconds spent this step
 
     def start_step(self, decoding: int, context_tokens: int = 0) -> None:
         self.rows = decoding
         self.tokens = float(decoding)
         self.context = context_tokens
+        self.drafting = 0.0
 
-    def num_drafts(self, acceptance: float, limit: int) -> int:
-        """How many of up to `limit` drafts to verify for a decoding request."""
+    def num_drafts(self, acceptance: float, limit: int, draft_seconds: float = 0.0) -> int:
+        """How many of up to `limit` drafts to verify for a decoding request, each still to be
+        made at `draft_seconds` (0: the drafts are at hand)."""
         if not self.adaptive or limit <= 0:
             return max(limit, 0)
         others = self.tokens - 1.0
         t = self.times.estimate
-        best, best_rate = 0, self.tokens / t(self.rows, self.context)
+        best, best_rate = 0, self.tokens / (t(self.rows, self.context) + self.drafting)
         for k in range(1, limit + 1):
-            rate = (others + expected_tokens(acceptance, k)) / t(self.rows + k, self.context)
+            seconds = t(self.rows + k, self.context) + self.drafting + k * draft_seconds
+            rate = (others + expected_tokens(acceptance, k)) / seconds
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
@@ -114,6 +151,11 @@ class DraftPolicy:
     def commit(self, acceptance: float, drafts: int) -> None:
         self.rows += drafts
         self.tokens += expected_tokens(acceptance, drafts) - 1.0
+
+    def drafted(self, source: str, drafts: int, seconds: float) -> None:
+        """A proposer drafted this step: its cost per draft, and time the step now takes."""
+        self.draft_costs[source].observe(drafts, seconds)
+        self.drafting += seconds
 
     def acceptance(self, request: Acceptance, source: str = "proposer") -> float:
         """A request's acceptance estimate; its prior is the server-wide rate."""
