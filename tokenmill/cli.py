@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.tune.cli import add_tune_parser
 
     add_speculator_parser(sub)
+    from tokenmill.model.tokenizer_export import add_tokenizer_parser
+
+    add_tokenizer_parser(sub)
 
     add_serve_parser(sub, add_engine_args)
     from tokenmill.server.batch.offline import add_batch_parser
