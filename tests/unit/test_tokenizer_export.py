@@ -61,11 +61,20 @@ def test_the_exported_folder_encodes_decodes_and_renders_as_the_server(embedded,
         assert rendered == embedded.chat_template.render(messages, generation_prompt)
 
 
-def test_a_model_that_prepends_bos_gets_it_from_the_exported_folder(embedded, tmp_path):
+@pytest.mark.parametrize("post_processor", [None, "byte_level"])
+def test_a_model_that_prepends_bos_gets_it_from_the_exported_folder(
+    embedded, tmp_path, post_processor
+):
     """GGUF files may ask for BOS (the engine prepends it): the folder's post-processor adds
-    it, so a client counts the same tokens the server does."""
+    it (after the tokenizer's own one, if any), so a client counts the tokens the server does."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import processors
+
     tok = embedded.tokenizer
-    bos = dataclasses.replace(tok, source=tok.hf, add_bos_token=True)
+    hf = HFTokenizer.from_str(tok.hf.to_str())
+    if post_processor == "byte_level":
+        hf.post_processor = processors.ByteLevel(trim_offsets=False)
+    bos = dataclasses.replace(tok, source=hf, add_bos_token=True)
     assert bos.bos_token_id is not None
     export_tokenizer(dataclasses.replace(embedded, tokenizer=bos), tmp_path / "tok")
     hf = auto_tokenizer(tmp_path / "tok")
@@ -85,3 +94,6 @@ def test_the_cli_writes_the_folder(tmp_path, capsys):
     assert main(["tokenizer", "export", str(tmp_path / "x"), "--model", str(tmp_path / "no")]) != 0
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+    (tmp_path / "a-file").write_text("")
+    assert main(["tokenizer", "export", str(tmp_path / "a-file")]) == 2
+    assert "cannot write the tokenizer" in capsys.readouterr().err

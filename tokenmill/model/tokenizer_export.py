@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from tokenmill.model.model_files import ModelFiles, read_model_info
@@ -23,7 +24,7 @@ FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 def export_tokenizer(info: ModelFiles, directory: str | Path) -> list[Path]:
     """Writes the tokenizer folder (created if missing); returns the files written."""
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers.processors import TemplateProcessing
+    from tokenizers import processors
 
     tok = info.tokenizer
     out = Path(directory)
@@ -31,11 +32,13 @@ def export_tokenizer(info: ModelFiles, directory: str | Path) -> list[Path]:
     hf = HFTokenizer.from_str(tok.hf.to_str())  # a copy: the post-processor is the folder's
     if tok.add_bos_token and tok.bos_token is not None and tok.bos_token_id is not None:
         bos = tok.bos_token
-        hf.post_processor = TemplateProcessing(
+        bos_first = processors.TemplateProcessing(
             single=f"{bos} $A",
             pair=f"{bos} $A {bos} $B:1",
             special_tokens=[(bos, tok.bos_token_id)],
         )
+        kept = hf.post_processor  # e.g. byte-level offset trimming: kept, BOS added after it
+        hf.post_processor = bos_first if kept is None else processors.Sequence([kept, bos_first])
     special = {
         key: value
         for key, value in (("bos_token", tok.bos_token), ("eos_token", tok.eos_token))
@@ -80,6 +83,12 @@ def add_tokenizer_parser(sub) -> None:
 
 
 def cmd_export_tokenizer(args) -> int:
-    for path in export_tokenizer(read_model_info(args.model), args.directory):
+    info = read_model_info(args.model)
+    try:
+        written = export_tokenizer(info, args.directory)
+    except OSError as e:  # not a folder, not writable, disk full
+        print(f"error: cannot write the tokenizer to {args.directory}: {e}", file=sys.stderr)
+        return 2
+    for path in written:
         print(path)
     return 0
