@@ -27,7 +27,7 @@ Systems
 Numbers
     decode tok/s    output tokens after the first / time from the first output token to the
                     last (prefill excluded), summed over the task's requests; tokenmill's
-                    systems take turns request by request, two rounds
+                    systems take turns request by request, two rounds (--rounds)
     accept len      mean tokens per verification step (accepted drafts + 1), and accepted /
                     drafted tokens
     batched         32 concurrent chat requests, 128 output tokens each: output tokens / wall
@@ -294,6 +294,13 @@ def main() -> None:
     ap.add_argument("--skip-batched", action="store_true")
     ap.add_argument("--markdown", type=Path, default=None)
     ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="times every request runs on every system, in turns (default 2; 1 with --quick): "
+        "more rounds average out this VM's drift",
+    )
+    ap.add_argument(
         "--speculator", default=None, help="a draft head for the embedded model (adds a system)"
     )
     args = ap.parse_args()
@@ -311,7 +318,8 @@ def main() -> None:
         head = {**threads, "speculator": args.speculator, "num_speculative_tokens": 7}
         configs["tokenmill draft head"] = head
         configs["tokenmill head alone"] = {**head, "speculative_lookup": False}
-    systems = bench_tokenmill(configs, prompts, tokens, 1 if args.quick else 2)
+    rounds = args.rounds or (1 if args.quick else 2)
+    systems = bench_tokenmill(configs, prompts, tokens, max(rounds, 1))
     if not args.skip_llama_cpp:
         bin_dir, models = llama_cpp_dirs()
         model = models / f"{MODEL_STEM}.Q4_1.gguf"
