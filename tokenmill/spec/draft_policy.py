@@ -57,35 +57,46 @@ class StepTimes:
     def __init__(self) -> None:
         self.samples: dict[tuple[int, int], deque[tuple[int, float]]] = {}
         self.clock = 0  # decode steps observed
+        # each bucket's estimates for 1..MAX_SPEC_ROWS rows, until the next observation (the
+        # policy asks ~20 times a step)
+        self._estimates: dict[int, list[float]] = {}
 
     def observe(self, rows: int, seconds: float, context_tokens: int = 0) -> None:
         if 1 <= rows <= MAX_SPEC_ROWS:
             self.clock += 1
             key = (context_bucket(context_tokens), rows)
             self.samples.setdefault(key, deque(maxlen=_WINDOW)).append((self.clock, seconds))
+            self._estimates.clear()
 
     def measured(self, rows: int, context_tokens: int = 0) -> float | None:
+        s = self.samples.get((context_bucket(context_tokens), rows))
+        if not s or len(s) < _TRUSTED:
+            return None
         since = self.clock - FRESH_STEPS
-        s = self.samples.get((context_bucket(context_tokens), rows), ())
         fresh = [seconds for clock, seconds in s if clock > since]
         return statistics.median(fresh) if len(fresh) >= _TRUSTED else None
 
     def estimate(self, rows: int, context_tokens: int = 0) -> float:
         """Seconds for a step of `rows` rows (relative units before anything is measured)."""
-        rows = min(rows, MAX_SPEC_ROWS)
-        own = self.measured(rows, context_tokens)
-        if own is not None:
-            return own
-        measured = {
-            m: t
-            for m in range(1, MAX_SPEC_ROWS + 1)
-            if (t := self.measured(m, context_tokens)) is not None
-        }
+        bucket = context_bucket(context_tokens)
+        if bucket not in self._estimates:
+            self._estimates[bucket] = self._estimate_all(context_tokens)
+        return self._estimates[bucket][min(rows, MAX_SPEC_ROWS) - 1]
+
+    def _estimate_all(self, context_tokens: int) -> list[float]:
+        rows = range(1, MAX_SPEC_ROWS + 1)
+        measured = {m: t for m in rows if (t := self.measured(m, context_tokens)) is not None}
         if not measured:
-            return 1.0 + _PRIOR_ROW_COST * (rows - 1)
-        near = min(measured, key=lambda m: abs(m - rows))
-        one_row = measured[near] / (1.0 + _PRIOR_ROW_COST * (near - 1))
-        return one_row * (1.0 + _PRIOR_ROW_COST * (rows - 1))
+            return [1.0 + _PRIOR_ROW_COST * (r - 1) for r in rows]
+        out = []
+        for r in rows:
+            if r in measured:
+                out.append(measured[r])
+                continue
+            near = min(measured, key=lambda m: abs(m - r))
+            one_row = measured[near] / (1.0 + _PRIOR_ROW_COST * (near - 1))
+            out.append(one_row * (1.0 + _PRIOR_ROW_COST * (r - 1)))
+        return out
 
 
 class DraftCost:
@@ -108,7 +119,9 @@ class DraftCost:
 
 def expected_tokens(acceptance: float, drafts: int) -> float:
     """Tokens a step yields for a request with `drafts` drafts (accepted run + 1)."""
-    return sum(acceptance**i for i in range(drafts + 1))
+    if acceptance >= 1.0:
+        return drafts + 1.0
+    return (1.0 - acceptance ** (drafts + 1)) / (1.0 - acceptance)
 
 
 class DraftPolicy:
