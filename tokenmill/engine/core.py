@@ -424,7 +424,8 @@ class EngineCore:
         if self.proposer is not None and not failures and sched.is_decode_only:
             # what a verification row costs here, measured (speculation's draft policy)
             context = sum(sr.request.num_computed_tokens for sr in sched.scheduled)
-            seconds = time.perf_counter() - start - self.scheduler.drafting_seconds
+            drafting = self.scheduler.draft_policy.drafting  # left out: priced per draft
+            seconds = time.perf_counter() - start - drafting
             self.scheduler.step_times.observe(sched.num_scheduled_tokens, seconds, context)
         return EngineCoreOutputs(outs, self.stats())
 

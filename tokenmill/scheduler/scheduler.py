@@ -85,7 +85,6 @@ class Scheduler:
         self.spec_stats = SpecDecodeStats()
         self.on_finished: Callable[[Request], None] | None = None  # completed requests
         self.step_times = StepTimes()  # decode-only step seconds by rows (the engine measures)
-        self.drafting_seconds = 0.0  # spent proposing drafts in the latest schedule()
         self.draft_policy = DraftPolicy(self.step_times, draft_policy == "auto")
         self.kv = kv_manager
         self.max_model_len = max_model_len
@@ -136,7 +135,6 @@ class Scheduler:
 
         # Drafts go to decoding requests while the step's decode rows fit MAX_SPEC_ROWS.
         spec_rows_left = 0
-        self.drafting_seconds = 0.0
         if self.proposer is not None:
             decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
             spec_rows_left = MAX_SPEC_ROWS - len(decoding)
@@ -251,9 +249,7 @@ class Scheduler:
         source, and is left out of the step time by row count."""
         start = time.perf_counter()
         drafts = propose(token_ids, room, **kw)
-        seconds = time.perf_counter() - start
-        self.drafting_seconds += seconds
-        self.draft_policy.drafted(source, len(drafts), seconds)
+        self.draft_policy.drafted(source, len(drafts), time.perf_counter() - start)
         return drafts
 
     def _paying(self, request: Request, source: str, drafts: list[int]) -> list[int]:
