@@ -85,7 +85,7 @@ def test_a_model_that_prepends_bos_gets_it_from_the_exported_folder(
     assert hf("x", add_special_tokens=False).input_ids == bos.encode("x", False)
 
 
-def test_the_cli_writes_the_folder(tmp_path, capsys):
+def test_the_cli_writes_the_folder(tmp_path, capsys, monkeypatch):
     assert main(["tokenizer", "export", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out.split()
     assert sorted(os.path.basename(p) for p in printed) == sorted(FILES)
@@ -94,6 +94,11 @@ def test_the_cli_writes_the_folder(tmp_path, capsys):
     assert main(["tokenizer", "export", str(tmp_path / "x"), "--model", str(tmp_path / "no")]) != 0
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+    monkeypatch.chdir(tmp_path / "out")
+    for blank in ("", "  "):  # not the working directory by accident
+        assert main(["tokenizer", "export", blank]) == 2
+        assert "give the folder" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(FILES)
     (tmp_path / "a-file").write_text("")
     assert main(["tokenizer", "export", str(tmp_path / "a-file")]) == 2
     assert "cannot write the tokenizer" in capsys.readouterr().err

@@ -83,6 +83,9 @@ def add_tokenizer_parser(sub) -> None:
 
 
 def cmd_export_tokenizer(args) -> int:
+    if not args.directory.strip():  # "" would be the working directory, unasked
+        print("error: DIR: give the folder to write the tokenizer to", file=sys.stderr)
+        return 2
     info = read_model_info(args.model)
     try:
         written = export_tokenizer(info, args.directory)
