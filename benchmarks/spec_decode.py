@@ -304,6 +304,8 @@ def main() -> None:
         "--speculator", default=None, help="a draft head for the embedded model (adds a system)"
     )
     args = ap.parse_args()
+    if args.rounds is not None and args.rounds < 1:
+        ap.error("--rounds: at least 1")
     tokens = args.tokens or (96 if args.quick else 256)
     prompts = tasks(args.quick)
     log.print(f"load average before: {os.getloadavg()}")
@@ -318,8 +320,8 @@ def main() -> None:
         head = {**threads, "speculator": args.speculator, "num_speculative_tokens": 7}
         configs["tokenmill draft head"] = head
         configs["tokenmill head alone"] = {**head, "speculative_lookup": False}
-    rounds = args.rounds or (1 if args.quick else 2)
-    systems = bench_tokenmill(configs, prompts, tokens, max(rounds, 1))
+    rounds = (1 if args.quick else 2) if args.rounds is None else args.rounds
+    systems = bench_tokenmill(configs, prompts, tokens, rounds)
     if not args.skip_llama_cpp:
         bin_dir, models = llama_cpp_dirs()
         model = models / f"{MODEL_STEM}.Q4_1.gguf"
