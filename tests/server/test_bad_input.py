@@ -11,6 +11,14 @@ OK_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max
 OK_COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
 
 
+CYCLIC_SCHEMA = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                 "$ref": "#/$defs/a"}  # fmt: skip
+
+
+def json_schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
 def chat(**changes):
     body = {**OK_CHAT, **changes}
     return {k: v for k, v in body.items() if v is not ...}
@@ -280,6 +288,48 @@ CASES = [
         None,
     ),
     ("responses-unknown-id", "GET", "/v1/responses/resp_0", None, None, 404, None),
+    # constraints no text satisfies: refused up front, never an HTTP 200 that says "stop"
+    *(
+        (f"unsatisfiable-{name}-{how}", "POST", path, body, None, 400, None)
+        for name, schema in (
+            ("ref-cycle", CYCLIC_SCHEMA),
+            ("huge-pattern", {"type": "string", "pattern": "^a{1000000}$"}),
+        )
+        for how, path, body in (
+            ("chat", "/v1/chat/completions", chat(response_format=json_schema_format(schema))),
+            (
+                "chat-stream",
+                "/v1/chat/completions",
+                chat(stream=True, response_format=json_schema_format(schema)),
+            ),
+            (
+                "responses",
+                "/v1/responses",
+                {
+                    "model": MODEL,
+                    "input": "hi",
+                    "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}},
+                },  # fmt: skip
+            ),
+        )
+    ),
+    *(
+        (
+            f"unsatisfiable-{name}",
+            "POST",
+            "/v1/completions",
+            {**OK_COMPLETION, **extra},
+            None,
+            400,
+            None,
+        )  # fmt: skip
+        for name, extra in (
+            ("left-recursion", {"structured_outputs": {"grammar": 'start: start "x"'}}),
+            ("rule-cycle", {"structured_outputs": {"grammar": "start: a\na: b\nb: a"}}),
+            ("empty-class", {"structured_outputs": {"regex": "[^\\x00-\\U0010FFFF]"}}),
+            ("huge-repeat", {"structured_outputs": {"regex": "a{1000000}"}}),
+        )
+    ),
 ]
 
 

@@ -44,10 +44,67 @@ def test_oversized_constraints_are_refused_by_name(compiler, spec, limit):
     assert limit in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "spec,where",
+    [
+        (StructuredOutputsParams(regex="a{1000000}"), "the regex repeats 1000000 times"),
+        (StructuredOutputsParams(regex="[a-z]{3,20001}"), "the regex repeats 20001 times"),
+        (StructuredOutputsParams(regex="a{" + "9" * 5000 + "}"), "repeats 1000000000 times"),
+        (
+            StructuredOutputsParams(json={"type": "string", "pattern": "^a{1000000}$"}),
+            "a pattern repeats 1000000 times",
+        ),
+        (
+            StructuredOutputsParams(
+                json={"type": "object", "patternProperties": {"^x{50000}$": {}}}
+            ),
+            "a pattern repeats 50000 times",
+        ),
+        (StructuredOutputsParams(grammar='start: "a"~100000'), "the grammar repeats 100000"),
+        (StructuredOutputsParams(grammar="start: /b{0,99999}/"), "the grammar repeats 99999"),
+    ],
+    ids=["regex", "regex-range", "regex-huge-number", "pattern", "pattern-key", "lark", "lark-re"],
+)
+def test_huge_repetition_counts_are_refused(compiler, spec, where):
+    """llguidance unrolls counted repetition: a count in the millions breaks its lexer in
+    the middle of generation; hundreds of thousands stall a whole engine step."""
+    with pytest.raises(GrammarError, match="too large") as err:
+        compiler.compile(spec)
+    assert where in str(err.value) and "the limit is 10000" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        StructuredOutputsParams(
+            json={
+                "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                "$ref": "#/$defs/a",
+            }  # fmt: skip
+        ),
+        StructuredOutputsParams(grammar='start: start "x"'),
+        StructuredOutputsParams(grammar="start: a\na: b\nb: a"),
+        StructuredOutputsParams(regex="[^\\x00-\\U0010FFFF]"),
+    ],
+    ids=["ref-cycle", "left-recursion-only", "rule-cycle", "empty-class"],
+)
+def test_constraints_no_text_satisfies_are_refused(compiler, spec):
+    """llguidance compiles these; its first token mask is empty. Refused up front (HTTP 400),
+    instead of a generation whose every token is rejected."""
+    with pytest.raises(GrammarError, match="admits no output"):
+        compiler.compile(spec)
+
+
 def test_limits_leave_real_constraints_alone(compiler):
     compiler.compile(StructuredOutputsParams(json=nested_schema(20)))
     compiler.compile(StructuredOutputsParams(json=ref_chain(500)))
     compiler.compile(StructuredOutputsParams(grammar=lark_chain(1500)))
+    compiler.compile(StructuredOutputsParams(regex="[0-9]{4}-[0-9]{2}-[0-9]{2}|x{10000}"))
+    compiler.compile(StructuredOutputsParams(grammar='start: "a"~3 "b"~2..10000'))
+    # recursion with a way out is fine
+    compiler.compile(StructuredOutputsParams(grammar='start: "(" start ")" | "x"'))
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}}
+    compiler.compile(StructuredOutputsParams(json=tree))
 
 
 def test_schema_shape_handles_any_depth_without_recursion():
@@ -161,6 +218,28 @@ def _feed(scheduler, request, tokens: list[int]) -> int:
         if scheduler._check_stop(request, token):
             return i + 1
     return len(tokens)
+
+
+class _BrokenGrammar(_Grammar):
+    """A matcher that breaks on its next token (as llguidance does on a resource limit)."""
+
+    def consume_token(self, token: int) -> bool:
+        return False
+
+    def get_error(self) -> str:
+        return "lexer error: too many expressions constructed\n<state>..."
+
+
+def test_a_grammar_that_breaks_mid_way_fails_the_request_not_stop():
+    from tokenmill.structured.spec import CONSTRAINT_FAILED
+
+    request = _looping_request(max_tokens=50, accepting=False)
+    request.grammar = _BrokenGrammar(False)
+    assert _feed(_scheduler(), request, [7, 8, 9]) == 1
+    assert request.finish_reason == "error"
+    assert (
+        request.stop_reason == CONSTRAINT_FAILED + "lexer error: too many expressions constructed"
+    )
 
 
 @pytest.mark.parametrize("accepting,finish", [(False, "length"), (True, "stop")])

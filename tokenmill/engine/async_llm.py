@@ -26,6 +26,7 @@ from tokenmill.engine.startup import StartupProfile
 from tokenmill.model.model_files import ModelFiles, read_model_info
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.structured.spec import CONSTRAINT_FAILED, ConstraintFailedError
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +98,10 @@ class OutputStream:
             self.pending.discard(item.request_id)
             errors = [c for c in item.outputs if c.finish_reason == "error"]
             if errors:
-                raise RequestFailedError(
-                    str(errors[0].stop_reason or "the engine failed this request")
-                )
+                reason = str(errors[0].stop_reason or "the engine failed this request")
+                if reason.startswith(CONSTRAINT_FAILED):
+                    raise ConstraintFailedError(reason)
+                raise RequestFailedError(reason)
         return item
 
     async def final_outputs(self) -> dict[str, RequestOutput]:

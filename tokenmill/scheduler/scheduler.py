@@ -22,6 +22,7 @@ from tokenmill.request import Request, RequestStatus
 from tokenmill.scheduler.queue import make_queue
 from tokenmill.spec.draft_policy import DraftPolicy, StepTimes
 from tokenmill.spec.proposer import Proposer
+from tokenmill.structured.spec import CONSTRAINT_FAILED
 
 logger = logging.getLogger(__name__)
 
@@ -360,9 +361,13 @@ class Scheduler:
         grammar_done = False
         if request.grammar is not None:
             if not request.grammar.consume_token(token):
-                logger.warning(
-                    "request %s: token %d rejected by its grammar", request.request_id, token
-                )
+                # The mask allowed the token, so the matcher itself broke (a resource limit):
+                # fail the request; its output would no longer follow the constraint.
+                reason = request.grammar.get_error().splitlines()[0] or f"token {token} rejected"
+                logger.warning("request %s: grammar failed: %s", request.request_id, reason)
+                request.status = RequestStatus.FINISHED_ERROR
+                request.stop_reason = CONSTRAINT_FAILED + reason
+                return True
             grammar_done = request.grammar.is_stopped()
         at_length = num_out >= request.max_tokens or request.num_tokens >= self.max_model_len
         if token in request.stop_token_ids and num_out >= request.sampling_params.min_tokens:

@@ -133,11 +133,27 @@ class GrammarCompiler:
             )
         if is_error:
             raise GrammarError(f"structured output ({spec.kind}) cannot be compiled: {messages[0]}")
+        self._check_satisfiable(spec, grammar)
         with self._lock:
             self._cache[key] = grammar
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return grammar
+
+    def _check_satisfiable(self, spec: StructuredOutputsParams, grammar: str) -> None:
+        """GrammarError when no output can start: a rule that only refers to itself, a regex
+        class with no member, a schema whose `$ref`s only point at each other. llguidance
+        compiles those; the first token mask is where it finds them empty."""
+        m = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+        if not m.is_error():
+            m.compute_bitmask()
+        if m.is_error():
+            reason = m.get_error().splitlines()[0]
+            detail = "" if reason == "NoExtensionBias" else f" ({reason})"
+            raise GrammarError(
+                f"structured output ({spec.kind}) admits no output{detail}: no text satisfies "
+                "it (e.g. a rule or $ref that only leads back to itself, an empty character class)"
+            )
 
     def matcher(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
         m = self._executor.run(self._matcher, spec)

@@ -27,12 +27,52 @@ class ConstraintLimits:
     max_grammar_rules: int = 2000
     max_regex_bytes: int = 16 * 1024
     max_choices: int = 10_000
+    # counted repetition (`x{n}`, `x{n,m}` in a regex or pattern, `x~n` in Lark): llguidance
+    # unrolls it, so a count in the hundreds of thousands takes ~0.4 s of an engine step for
+    # the first mask (stalling every request in the batch) and in the millions breaks mid-way
+    max_repeat: int = 10_000
 
 
 DEFAULT_LIMITS = ConstraintLimits()
 
 # A Lark rule or terminal definition: `name:` / `?name:` / `NAME.2:` at the start of a line.
 _RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][A-Za-z0-9_]*(?:\.-?\d+)?[ \t]*:", re.MULTILINE)
+
+
+_REGEX_REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+_LARK_REPEAT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?")
+
+
+def largest_repeat(text: str, pattern: re.Pattern[str] = _REGEX_REPEAT) -> int:
+    """The largest repetition count written in a regex (or Lark grammar) text."""
+    counts = (
+        int(n) if len(n) <= 9 else 10**9 for m in pattern.finditer(text) for n in m.groups() if n
+    )
+    return max(counts, default=0)
+
+
+def schema_patterns(schema: Any) -> list[str]:
+    """Every regex of a JSON schema (`pattern` values, `patternProperties` keys)."""
+    found: list[str] = []
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                found.append(node["pattern"])
+            if isinstance(node.get("patternProperties"), dict):
+                found.extend(node["patternProperties"])
+            stack.extend(v for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, dict | list))
+    return found
+
+
+def _check_repeat(count: int, where: str, limits: ConstraintLimits) -> None:
+    if count > limits.max_repeat:
+        raise ConstraintTooLargeError(
+            f"{where} repeats {count} times; the limit is {limits.max_repeat}"
+        )
 
 
 def schema_shape(schema: Any) -> tuple[int, int]:
@@ -64,10 +104,14 @@ def check_limits(spec: StructuredOutputsParams, limits: ConstraintLimits = DEFAU
             raise ConstraintTooLargeError(
                 f"the JSON schema has {refs} $ref; the limit is {limits.max_schema_refs}"
             )
+        patterns = schema_patterns(spec.json)
+        _check_repeat(max(map(largest_repeat, patterns), default=0), "a pattern", limits)
     if spec.regex is not None and len(spec.regex.encode()) > limits.max_regex_bytes:
         raise ConstraintTooLargeError(
             f"the regex is {len(spec.regex.encode())} bytes; the limit is {limits.max_regex_bytes}"
         )
+    if spec.regex is not None:
+        _check_repeat(largest_repeat(spec.regex), "the regex", limits)
     if spec.grammar is not None:
         size = len(spec.grammar.encode())
         if size > limits.max_grammar_bytes:
@@ -85,6 +129,8 @@ def check_limits(spec: StructuredOutputsParams, limits: ConstraintLimits = DEFAU
                 f"the grammar's JSON schemas have {refs} $ref; the limit is "
                 f"{limits.max_schema_refs}"
             )
+        repeat = max(largest_repeat(spec.grammar), largest_repeat(spec.grammar, _LARK_REPEAT))
+        _check_repeat(repeat, "the grammar", limits)
     if spec.choice is not None and len(spec.choice) > limits.max_choices:
         raise ConstraintTooLargeError(
             f"{len(spec.choice)} choices; the limit is {limits.max_choices}"

@@ -7,6 +7,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+# stop_reason of a request failed because its grammar matcher broke mid-generation (it hit
+# one of llguidance's resource limits, e.g. a regex repeat count in the millions).
+CONSTRAINT_FAILED = "structured output could not be followed: "
+
+
+class ConstraintFailedError(ValueError):
+    """The request's constraint failed during generation (a client's constraint: HTTP 400)."""
+
 
 @dataclass(frozen=True)
 class StructuredOutputsParams:
