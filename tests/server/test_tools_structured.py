@@ -206,3 +206,50 @@ def test_inconsistent_requests_get_400(server, changes, param):
     r = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+NOW = {"type": "function", "function": {"name": "now", "description": "The time"}}
+
+
+@pytest.mark.parametrize(
+    "text,content,calls",
+    [
+        ('\n<tool_call>\n{"name": "now"}\n</tool_call>\n', None, [("now", {})]),
+        (
+            '<tool_call>{"name": "now", "arguments": {}} extra</tool_call>',
+            " extra</tool_call>",
+            [("now", {})],
+        ),  # fmt: skip
+        (
+            'Sure.\n<tool_call>{"name": "now", "name": "add", "arguments": {}}</tool_call>',
+            "Sure.\n",
+            [("now", {})],
+        ),  # fmt: skip
+        ("  \n", "  \n", []),  # no call: whitespace is the content
+    ],
+    ids=["no-arguments", "text-after-object", "repeated-name", "whitespace-only"],
+)
+def test_streamed_and_whole_tool_responses_agree(client, text, content, calls):
+    """The model's text is forced with a grammar; the non-streamed message and the stream a
+    client reassembles carry the same content and the same calls."""
+    kwargs = dict(
+        model=MODEL, messages=ASK, tools=[NOW, ADD], max_tokens=60, temperature=0,
+        extra_body={"structured_outputs": {"grammar": f"start: {json.dumps(text)}"}},
+    )  # fmt: skip
+    r = client.chat.completions.create(**kwargs)
+    message = r.choices[0].message
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+    assert (message.content, got) == (content, calls)
+    assert r.choices[0].finish_reason == ("tool_calls" if calls else "stop")
+    streamed_text, streamed_calls, finish = "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        streamed_text += choice.delta.content or ""
+        for tc in choice.delta.tool_calls or []:
+            slot = streamed_calls.setdefault(tc.index, ["", ""])
+            slot[0] += tc.function.name or ""
+            slot[1] += tc.function.arguments or ""
+    assert (streamed_text or None) == content
+    assert [(n, json.loads(a)) for n, a in streamed_calls.values()] == calls
+    assert finish == r.choices[0].finish_reason

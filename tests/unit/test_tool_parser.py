@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -150,3 +151,64 @@ def test_a_malformed_call_stays_content_with_its_end_tag_in_any_chunking():
         parser.feed(text[cut:])
         parser.finish()
         assert parser.result().content == text and parser.result().tool_calls == []
+
+
+def _streamed(events: list) -> tuple[list[tuple[str, str]], str]:
+    """What a client reassembles from the events: (name, arguments) per call, content."""
+    names: dict[int, str] = {}
+    args: dict[int, str] = {}
+    content = ""
+    for ev in events:
+        if isinstance(ev, ToolCallStart):
+            names[ev.index] = ev.name
+        elif isinstance(ev, ToolCallArgumentsDelta):
+            args[ev.index] = args.get(ev.index, "") + ev.text
+        elif isinstance(ev, ContentDelta):
+            content += ev.text
+    return [(names[i], args.get(i, "")) for i in sorted(names)], content
+
+
+@pytest.mark.parametrize(
+    "text,calls",
+    [
+        ('<tool_call>{"name": "f"}</tool_call>', [("f", "{}")]),  # a call without arguments
+        ('<tool_call>\n{"name": "now"}\n</tool_call>', [("now", "{}")]),
+        ('<tool_call>{"name": "f", "name": "g", "arguments": {}}</tool_call>', [("f", "{}")]),
+        (
+            '<tool_call>{"name": "f", "arguments": {"a": 1}, "arguments": {"b": 2}}</tool_call>',
+            [("f", '{"a": 1}')],
+        ),  # fmt: skip
+        (
+            '<tool_call>{"name": "f", "parameters": {"a": 1}, "arguments": {"b": 2}}</tool_call>',
+            [("f", '{"a": 1}')],
+        ),  # fmt: skip
+        (
+            '<tool_call>{"arguments": {"a": 1}, "name": "f", "name": 3}</tool_call>',
+            [("f", '{"a": 1}')],
+        ),  # fmt: skip
+    ],
+    ids=[
+        "no-arguments",
+        "no-arguments-newlines",
+        "two-names",
+        "two-arguments",
+        "parameters-then-arguments",
+        "arguments-first",
+    ],  # fmt: skip
+)
+def test_streamed_and_whole_agree_on_odd_calls(text, calls):
+    """A name streamed early is the name returned whole: a repeated key keeps its first value,
+    a call without arguments is a call with {} (it was a lost output: no content, no call)."""
+    whole = parse_tool_calls(text)
+    assert [(c.name, c.arguments) for c in whole.tool_calls] == calls
+    assert all(c.valid for c in whole.tool_calls) and whole.content == ""
+    for cut in range(len(text) + 1):
+        parser = ToolCallParser()
+        events = parser.feed(text[:cut]) + parser.feed(text[cut:]) + parser.finish()
+        assert parser.result() == whole
+        assert _streamed(events) == (calls, "")
+
+
+def test_a_call_whose_name_is_not_a_string_stays_content():
+    text = '<tool_call>{"name": 5, "arguments": {}}</tool_call>'
+    assert parse_tool_calls(text).content == text and parse_tool_calls(text).tool_calls == []

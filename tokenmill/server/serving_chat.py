@@ -159,8 +159,8 @@ class _ChatOutput:
                 # a call cut off or malformed is never returned as a call
                 calls = [tc for tc in parsed.tool_calls if tc.valid]
                 calls = calls if self.parallel else calls[:1]
-                if parsed.tool_calls:
-                    message["content"] = parsed.content.strip() or None
+                if parsed.tool_calls:  # whitespace around calls is no content (as streamed)
+                    message["content"] = parsed.content if parsed.content.strip() else None
                 message["tool_calls"] = [
                     {
                         "id": _call_id(),
@@ -200,6 +200,8 @@ class _ChatOutput:
         sent_role = [False] * n
         parsers = [ToolCallParser() if self.parse_tools else None for _ in range(n)]
         call_ids: list[dict[int, str]] = [{} for _ in range(n)]
+        # content that is only whitespace so far: held until text follows, dropped if calls do
+        held: list[str | None] = [""] * n  # None once text was sent
         prompt_tokens = record.prompt_tokens
         cached = 0
 
@@ -223,7 +225,13 @@ class _ChatOutput:
             out: list[dict[str, Any]] = []
             for ev in events:
                 if isinstance(ev, ContentDelta):
-                    out.append({"content": ev.text})
+                    text = ev.text
+                    if held[index] is not None:
+                        text = held[index] + text
+                        held[index] = None if text.strip() else text
+                        if held[index] is not None:
+                            continue
+                    out.append({"content": text})
                 elif isinstance(ev, ToolCallStart):
                     call_ids[index][ev.index] = _call_id()
                     out.append({"tool_calls": [{"index": ev.index, "id": call_ids[index][ev.index], "type": "function",
@@ -232,6 +240,8 @@ class _ChatOutput:
                     out.append(
                         {"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]}
                     )
+            if finished and held[index] and not call_ids[index]:
+                out.append({"content": held[index]})  # no calls: whitespace is the content
             return out
 
         try:

@@ -12,15 +12,12 @@ from collections import OrderedDict
 import llguidance
 
 from tokenmill.model.tokenizer import Tokenizer
+from tokenmill.structured.json_options import JSON_OPTIONS
 from tokenmill.structured.limits import DEFAULT_LIMITS, ConstraintLimits, check_limits
 from tokenmill.structured.spec import StructuredOutputsParams
 from tokenmill.structured.stack import LargeStackExecutor
 
 logger = logging.getLogger(__name__)
-
-# JSON output: whitespace allowed between tokens but bounded, so a small model cannot spin
-# on whitespace forever (llguidance's default allows unbounded whitespace).
-JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}"}
 
 
 class GrammarError(ValueError):

@@ -12,8 +12,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill.structured.json_options import JSON_OPTIONS
+
 START_TAG = "<tool_call>"
 END_TAG = "</tool_call>"
+_ARGS_KEYS = ("arguments", "parameters")
 
 
 @dataclass
@@ -143,13 +146,15 @@ class _CallScanner:
 
     def _end_value(self, pos: int) -> None:
         if self.value_start is not None and self.open_key is not None:
-            self.values[self.open_key] = "".join(self.raw[self.value_start : pos]).rstrip()
+            # a repeated key keeps its first value (the one a stream has already sent)
+            value = "".join(self.raw[self.value_start : pos]).rstrip()
+            self.values.setdefault(self.open_key, value)
         self.value_start = None
         self.open_key = None
 
     def partial_value(self, key: str) -> str | None:
-        """The raw text read so far of `key`'s value, while it is still open."""
-        if self.open_key == key and self.value_start is not None:
+        """The raw text read so far of `key`'s value, while its first value is still open."""
+        if self.open_key == key and self.value_start is not None and key not in self.values:
             return "".join(self.raw[self.value_start :])
         return None
 
@@ -264,16 +269,20 @@ class ToolCallParser:
         self._streamed_args = ""
 
     def _call_ok(self) -> bool:
-        scanner = self.scanner
+        """A JSON object with a string name (arguments may be left out: a call without any)."""
         try:
-            obj = json.loads(scanner.text)
+            obj = json.loads(self.scanner.text)
         except (json.JSONDecodeError, AttributeError):
             return False
-        return (
-            isinstance(obj, dict)
-            and isinstance(obj.get("name"), str)
-            and ("arguments" in obj or "parameters" in obj)
-        )
+        return isinstance(obj, dict) and self._name() is not None
+
+    def _args_key(self) -> str:
+        """Which key holds the arguments: the first of "arguments" / "parameters" seen."""
+        scanner = self.scanner
+        for key in scanner.values:
+            if key in _ARGS_KEYS:
+                return key
+        return scanner.open_key if scanner.open_key in _ARGS_KEYS else "arguments"
 
     def _name(self) -> str | None:
         raw = self.scanner.values.get("name") if self.scanner else None
@@ -295,8 +304,7 @@ class ToolCallParser:
                 return
             self.name_sent = True
             events.append(ToolCallStart(self.index, name))
-        args_key = "arguments" if "parameters" not in scanner.values else "parameters"
-        partial = scanner.partial_value(args_key)
+        partial = scanner.partial_value(self._args_key())
         if partial is None or partial.startswith('"'):
             return  # string-encoded arguments are decoded once complete
         partial = partial.rstrip()  # trailing whitespace may turn out to follow the value
@@ -306,10 +314,10 @@ class ToolCallParser:
             self._streamed_args = partial
 
     def _complete_call(self, events: list[Event]) -> None:
-        obj = json.loads(self.scanner.text)
-        name = obj["name"]
-        raw_args = self.scanner.values.get("arguments", self.scanner.values.get("parameters", "{}"))
-        args_value = obj.get("arguments", obj.get("parameters", {}))
+        name = self._name()
+        assert name is not None
+        raw_args = self.scanner.values.get(self._args_key(), "{}")
+        args_value = json.loads(raw_args)
         arguments = args_value if isinstance(args_value, str) else raw_args
         if not self.name_sent:
             events.append(ToolCallStart(self.index, name))
@@ -371,7 +379,12 @@ def tool_call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
     variants = []
     for tool in tools:
         fn = tool["function"]
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        # no parameters: the function takes none, so its arguments are exactly {} (as OpenAI)
+        params = fn.get("parameters") or {
+            "type": "object",
+            "properties": {},
+            "additionalProperties": False,
+        }
         variants.append(
             {
                 "type": "object",
@@ -381,6 +394,8 @@ def tool_call_grammar(tools: list[dict[str, Any]], parallel: bool) -> str:
             }
         )
     schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    # the same bounded whitespace as response_format's JSON (llguidance's default is unbounded)
+    schema = {**schema, "x-guidance": JSON_OPTIONS}
     repeat = '(("\\n" tool_call)*)' if parallel else ""
     return (
         f"start: tool_call {repeat}\n"
