@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 
@@ -135,6 +136,27 @@ def test_malformed_bodies_are_400_not_500(server, path, raw):
 
 
 def test_health_stays_up_after_the_malformed_ones(server):
+    assert_healthy(server)
+    assert httpx.head(f"{server.base_url}/health", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/files"])
+def test_a_client_leaving_mid_body_is_not_an_internal_error(server, path):
+    """The body is promised (Content-Length) but the client goes away: no 500 path, no
+    traceback in the log, and the server goes on."""
+    host, port = server.base_url.removeprefix("http://").split(":")
+    before = server.log().count("Traceback")
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 100000\r\n\r\n".encode()
+                + b'{"model": "x", "prompt": "'
+            )
+            time.sleep(0.3)
+    time.sleep(1.0)
+    log = server.log()
+    assert log.count("Traceback") == before and "internal error" not in log, log[-3000:]
     assert_healthy(server)
 
 

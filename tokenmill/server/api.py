@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 import tokenmill
 from tokenmill.engine.async_llm import AsyncLLM
@@ -148,9 +149,13 @@ def build_app(
             headers=getattr(exc, "headers", None),
         )
 
-    @app.exception_handler(ClientDisconnected)
-    async def client_disconnected(_request: Request, _exc: ClientDisconnected):
-        return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
+    async def client_disconnected(request: Request, _exc: Exception):
+        # nobody reads it: nginx's "client closed request"
+        logger.debug("request %s: the client left", getattr(request.state, "request_id", "?"))
+        return Response(status_code=499)
+
+    app.add_exception_handler(ClientDisconnected, client_disconnected)
+    app.add_exception_handler(ClientDisconnect, client_disconnected)  # left mid-body
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
@@ -163,7 +168,7 @@ def build_app(
 
     # ---------------------------------------------------------------- endpoints
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
     async def health():
         if state.draining:
             return JSONResponse(
