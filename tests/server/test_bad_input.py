@@ -79,7 +79,7 @@ CASES = [
         ),
         None,
         400,
-        "messages.0.content",
+        "messages.0.content.0.type",  # the part's type, not "should be a valid string"
     ),
     (
         "temperature-string",
@@ -141,7 +141,7 @@ CASES = [
     ("n-too-many", "POST", "/v1/chat/completions", chat(n=1000), None, 400, "n"),
     ("stream-not-bool", "POST", "/v1/chat/completions", chat(stream="yes"), None, 400, "stream"),
     ("stop-number", "POST", "/v1/chat/completions", chat(stop=5), None, 400, "stop"),
-    ("stop-list-mixed", "POST", "/v1/chat/completions", chat(stop=["a", 1]), None, 400, "stop"),
+    ("stop-list-mixed", "POST", "/v1/chat/completions", chat(stop=["a", 1]), None, 400, "stop.1"),
     (
         "top-logprobs-too-many",
         "POST",
@@ -288,6 +288,29 @@ CASES = [
         None,
     ),
     ("responses-unknown-id", "GET", "/v1/responses/resp_0", None, None, 404, None),
+    (
+        "tool-parameters-not-object",
+        "POST",
+        "/v1/chat/completions",
+        chat(
+            tools=[
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}
+            ]
+        ),  # fmt: skip
+        None,
+        400,
+        "tools.0.function.parameters",
+    ),
+    (
+        "tool-message-without-call-id",
+        "POST",
+        "/v1/chat/completions",
+        chat(messages=[{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]),
+        None,
+        400,
+        "messages.1",
+    ),
+    ("stop-too-many", "POST", "/v1/chat/completions", chat(stop=["a"] * 17), None, 400, "stop"),
     # constraints no text satisfies: refused up front, never an HTTP 200 that says "stop"
     *(
         (f"unsatisfiable-{name}-{how}", "POST", path, body, None, 400, None)
@@ -361,6 +384,16 @@ def test_oversize_body_gets_413(server):
         timeout=60,
     )
     assert r.status_code == 413 and r.json()["error"]["message"]
+
+
+def test_union_field_errors_name_the_real_problem(server):
+    """A list of 17 stop strings is "at most 16 items", not "should be a valid string"."""
+    r = httpx.post(f"{server.v1}/chat/completions", json=chat(stop=["a"] * 17), timeout=30)
+    assert "at most 16" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.v1}/chat/completions", json=chat(stop=5), timeout=30)
+    assert r.json()["error"]["message"] == (
+        "stop: Input should be a valid string or Input should be a valid list"
+    )
 
 
 def test_server_healthy_after_bad_inputs(server, client):

@@ -95,7 +95,7 @@ def test_constraints_that_crashed_the_server_get_a_400(server, changes, param, s
         ({"stop_token_ids": [2**64]}, "stop_token_ids.0"),
         ({"logit_bias": {"99999999999999999999": 1}}, "logit_bias"),
         ({"stop": ""}, "stop"),
-        ({"stop": ["ok", ""]}, "stop"),
+        ({"stop": ["ok", ""]}, "stop.1"),
         ({"stop": "x" * 5000}, "stop"),
         ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
         ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),

@@ -7,6 +7,7 @@ import re
 import uuid
 
 import httpx
+import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -185,6 +186,34 @@ def test_tokenize_detokenize(server):
     )
     chat = post(server, "/tokenize", {"model": MODEL, "messages": MESSAGES}).json()
     assert chat["count"] > 10
+
+
+TOOL = {"type": "function", "function": {"name": "now", "description": "The current time",
+        "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": [TOOL]},
+        {
+            "messages": [*MESSAGES, {"role": "assistant", "content": "Well,"}],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        },  # fmt: skip
+        {"chat_template_kwargs": {"custom_flag": True}, "tools": [TOOL]},
+    ],
+    ids=["tools", "continue-final-message", "template-kwargs"],
+)
+def test_tokenize_counts_what_chat_would_send(server, extra):
+    """/tokenize renders messages as chat does (tools, a continued assistant turn): its count
+    is the prompt_tokens of the same chat request."""
+    body = {"model": MODEL, "messages": MESSAGES, **extra}
+    counted = post(server, "/tokenize", body).json()
+    chat = post(server, "/v1/chat/completions", {**body, "max_tokens": 1}).json()
+    assert counted["count"] == chat["usage"]["prompt_tokens"] == len(counted["tokens"])
+    plain = post(server, "/tokenize", {"model": MODEL, "messages": body["messages"]}).json()
+    assert plain["count"] != counted["count"]
 
 
 def test_32_concurrent_streams_match_offline_greedy(server, client):

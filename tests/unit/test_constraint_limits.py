@@ -95,6 +95,15 @@ def test_constraints_no_text_satisfies_are_refused(compiler, spec):
         compiler.compile(spec)
 
 
+@pytest.mark.parametrize("regex", ["\x13\x1e\x12", "ab\x13", "say \x16"])
+def test_forced_text_the_vocabulary_cannot_write_is_refused(compiler, regex):
+    """SmolLM2 has no token for some control bytes; llguidance's mask then offers one the
+    matcher rejects once sampled (the long fuzz run's finding: a failure mid-stream)."""
+    with pytest.raises(GrammarError, match="vocabulary cannot produce"):
+        compiler.compile(StructuredOutputsParams(regex=regex))
+    compiler.compile(StructuredOutputsParams(regex="ab\x1e"))  # a byte it has
+
+
 def test_limits_leave_real_constraints_alone(compiler):
     compiler.compile(StructuredOutputsParams(json=nested_schema(20)))
     compiler.compile(StructuredOutputsParams(json=ref_chain(500)))

@@ -243,6 +243,9 @@ def build_app(
                 model=state.model_name,
                 messages=req.messages,
                 add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                tools=req.tools,
+                chat_template_kwargs=req.chat_template_kwargs,
             )
             _, tokens = await render_prompt(state, chat)
         else:

@@ -90,10 +90,41 @@ def _is_branch_tag(part: str) -> bool:
 
 
 def validation_error(err: ValidationError | RequestValidationError) -> APIError:
-    first = err.errors()[0]
+    errors = list(err.errors())
+    first = _most_specific(errors)
     param = _param_from_loc(tuple(first.get("loc", ())))
     msg = first.get("msg", "invalid value")
+    if first.get("type", "").endswith("_type"):  # a type mismatch: say every type allowed
+        stem = _union_stem(first)
+        others = [
+            e.get("msg", "")
+            for e in errors
+            if e is not first and _union_stem(e) == stem and len(e["loc"]) == len(first["loc"])
+        ]
+        msg = " or ".join(dict.fromkeys([msg, *others]))
     return bad_request(f"{param}: {msg}" if param else msg, param=param or None)
+
+
+def _union_stem(error: Any) -> tuple[Any, ...]:
+    """The location up to the first union-branch tag (the field the union belongs to)."""
+    loc = tuple(error.get("loc", ()))
+    for i, part in enumerate(loc):
+        if isinstance(part, str) and _is_branch_tag(part):
+            return loc[:i]
+    return loc
+
+
+def _most_specific(errors: list[Any]) -> Any:
+    """Of the errors pydantic reports for one field's union branches, the one that says the
+    most: a value error in the branch the input's type matched (a list of 17 stop strings is
+    "at most 16 items", not "Input should be a valid string")."""
+    first = errors[0]
+    stem = _union_stem(first)
+    same_field = [e for e in errors if _union_stem(e) == stem]
+    return max(
+        same_field,
+        key=lambda e: (not e.get("type", "").endswith("_type"), len(e.get("loc", ()))),
+    )
 
 
 def _parse(body: bytes, model: type[BaseModel]) -> Any:

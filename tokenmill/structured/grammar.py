@@ -144,6 +144,17 @@ class GrammarCompiler:
         m = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
         if not m.is_error():
             m.compute_bitmask()
+        if not m.is_error():
+            # Text the constraint forces must be text this model can write: SmolLM2's vocabulary
+            # has no token for some control bytes (\x13, \x14, ...), and llguidance's mask then
+            # offers a token the matcher rejects as soon as it is sampled.
+            forced = m.compute_ff_bytes()
+            tokens = self.ll_tokenizer.tokenize_bytes(forced)
+            if self.ll_tokenizer.decode_bytes(tokens) != forced:
+                raise GrammarError(
+                    f"structured output ({spec.kind}) requires text this model's vocabulary "
+                    f"cannot produce ({forced[:40]!r})"
+                )
         if m.is_error():
             reason = m.get_error().splitlines()[0]
             detail = "" if reason == "NoExtensionBias" else f" ({reason})"
