@@ -89,24 +89,6 @@ static void attend_head(const HeadKeys* a, const float* qh, int64_t hd, float* s
 }
 
 #if defined(__AVX512F__)
-ALWAYS_INLINE __m512 exp512(__m512 x) {  // poly_expf on 16 lanes
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
 // Lane j of the result: the sum of v[j]'s lanes (a fixed tree: halves, quarters, ...).
 ALWAYS_INLINE __m512 sum16(__m512 v[16]) {
     const __m512i lo1 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
@@ -175,7 +157,7 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
         __m512 acc = _mm512_setzero_ps();
         for (int64_t t = 0; t < len; t += 16) {
             const __mmask16 k = first_lanes(len - t);
-            const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), mj));
+            const __m512 e = poly_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t), mj));
             _mm512_mask_storeu_ps(s + t, k, e);
             acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
         }
@@ -212,24 +194,6 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
 #define attend_chunk attend_chunk_avx512
 
 #elif defined(CHUNKED_BODY)
-ALWAYS_INLINE __m256 exp256(__m256 x) {  // poly_expf on 8 lanes
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
-    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
 // Lane j of the result: the sum of v[j]'s lanes (a fixed tree of pairwise adds).
 ALWAYS_INLINE __m256 sum8(const __m256 v[8]) {
     const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
@@ -277,7 +241,7 @@ ALWAYS_INLINE void attend_chunk_avx2(const HeadKeys* a, int64_t c0, int64_t c1, 
         for (int64_t t = 0; t < len; t += 8) {
             const __m256i k = first_lanes8(len - t);
             const __m256 e = _mm256_and_ps(
-                exp256(_mm256_sub_ps(_mm256_maskload_ps(s + t, k), mj)), _mm256_castsi256_ps(k));
+                poly_exp256(_mm256_sub_ps(_mm256_maskload_ps(s + t, k), mj)), _mm256_castsi256_ps(k));
             _mm256_maskstore_ps(s + t, k, e);
             acc = _mm256_add_ps(acc, e);
         }

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "poly_exp.h"
+
 void tm_rmsnorm(const float* x, const float* w, int64_t M, int64_t K, float eps, float* out, int nthreads);
 void tm_rope_neox(float* x, int64_t T, int64_t row_stride, int64_t nheads, int64_t hd,
                   const int64_t* positions, const float* cos_t, const float* sin_t, int nthreads);
@@ -52,6 +54,29 @@ static void linear(const Projection* p, const float* x, int64_t M, int64_t K, fl
     tm_int_dot_linear(x, M, K, p->weight, (int)p->qtype, p->rows, p->bias, y, accumulate, nthreads);
 }
 
+// out = silu(gate) * up for one row (gate_up: [gate | up], I each), exp as poly_expf: the
+// vector lanes and the scalar tail compute the same sequence of operations.
+static void silu_mul(const float* gate_up, int64_t I, float* out) {
+    const float* up = gate_up + I;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= I; i += 16) {
+        const __m512 g = _mm512_loadu_ps(gate_up + i);
+        const __m512 e = poly_exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
+    }
+#elif defined(__AVX2__)
+    for (; i + 8 <= I; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate_up + i);
+        const __m256 e = poly_exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        const __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < I; i++) out[i] = gate_up[i] / (1.0f + poly_expf(-gate_up[i])) * up[i];
+}
+
 // hidden: [rows, hidden], updated in place through every layer.
 void tm_decode_layers(const DecodeLayer* layers, int64_t n_layers, const DecodeDims* d,
                       const DecodeStep* step, float* hidden, int nthreads) {
@@ -82,11 +107,7 @@ void tm_decode_layers(const DecodeLayer* layers, int64_t n_layers, const DecodeD
         linear(&L->o, attn, M, q_size, hidden, 1, nthreads);
         tm_rmsnorm(hidden, L->post_attn_norm, M, H, d->eps, normed, nthreads);
         linear(&L->gate_up, normed, M, H, wide_out, 0, nthreads);
-        for (int64_t m = 0; m < M; m++) {
-            const float* g = wide_out + m * 2 * I;
-            for (int64_t i = 0; i < I; i++)
-                normed[m * I + i] = g[i] / (1.0f + expf(-g[i])) * g[I + i];
-        }
+        for (int64_t m = 0; m < M; m++) silu_mul(wide_out + m * 2 * I, I, normed + m * I);
         linear(&L->down, normed, M, I, hidden, 1, nthreads);
     }
     free(normed);
