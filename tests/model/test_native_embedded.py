@@ -29,12 +29,15 @@ def test_the_default_runs_the_file_natively(embedded_llm):
 
 
 def test_native_logits_match_float32(embedded_llm, float32_llm):
+    # One reference: the float32 model's single prefill pass. Its own token-by-token pass
+    # drifts from it by up to ~1.2e-3 on an AVX-512 EPYC (fp32 summation order over 30
+    # layers), so comparing decode against decode would measure the reference's noise.
     tok = embedded_llm.get_tokenizer()
     for text in PROMPTS:
         ids = tok.encode(text)
+        ref = sequence_logits(float32_llm.engine.core, ids, chunk_size=None)
         for chunk in (None, 1):
             ours = sequence_logits(embedded_llm.engine.core, ids, chunk_size=chunk)
-            ref = sequence_logits(float32_llm.engine.core, ids, chunk_size=chunk)
             assert (ours - ref).abs().max().item() <= 1e-3, (text, chunk)
 
 
