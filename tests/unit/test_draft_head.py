@@ -261,3 +261,33 @@ def test_the_built_in_prompts_are_many_and_leave_the_benchmark_out():
     prompts = [t.messages[0]["content"] for t in T.read_prompts(T.BUILTIN_PROMPTS)]
     assert len(prompts) == len(set(prompts)) > 2000
     assert not set(tasks(False)["chat"]) & set(prompts)
+
+
+def test_the_native_chain_drafts_what_the_python_loop_drafts(packed_target):
+    """On native weights a chain of drafts is one native call (kernels/csrc/draft_chain.c):
+    the same drafts as the loop it replaces (PackedDraftHead.step, the packed readout over a
+    draft vocabulary that is no multiple of 16 rows, argmax), capped by max_tokens."""
+    from tokenmill.spec.draft_proposer import DraftHeadProposer
+
+    model = packed_target.engine.core.model
+    cfg = model.config
+    gen = torch.Generator().manual_seed(3)
+    vocab = torch.randperm(cfg.vocab_size, generator=gen)[:100].sort().values
+    head = DraftHead(cfg.hidden_size, 2 * cfg.hidden_size, vocab)
+    with torch.no_grad():  # a head that is not fc alone (down starts at zero)
+        head.down.weight.normal_(0.0, 0.2, generator=gen)
+    proposer = DraftHeadProposer(head, target_readout(model, vocab), k=5)
+    if proposer.chain is None:
+        pytest.skip("no integer-dot kernel on this machine")
+    chain, drafted = proposer.chain, set()
+    for _ in range(12):
+        feature = torch.randn(cfg.hidden_size, generator=gen) * 4
+        context = torch.randint(0, cfg.vocab_size, (3,), generator=gen).tolist()
+        proposer.chain = None
+        loop = proposer.propose(context, 5, feature)
+        proposer.chain = chain
+        assert proposer.propose(context, 5, feature) == loop and len(loop) == 5
+        assert proposer.propose(context, 2, feature) == loop[:2]
+        assert set(loop) <= set(vocab.tolist())
+        drafted.update(loop)
+    assert len(drafted) > 5  # the chains differ: features and tokens reach the drafts

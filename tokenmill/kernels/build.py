@@ -31,6 +31,7 @@ _SOURCES = [
         "quant_kernels.c",
         "int_dot_kernels.c",
         "decode_layers.c",
+        "draft_chain.c",
     )
 ]
 _HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))  # part of the cache key
@@ -148,6 +149,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_int_dot_bound_table": [p, i32, i64, i64, p],
         "tm_int_dot_argmax": [p, i64, i64, p, i32, i64, p, p, i32],
         "tm_decode_layers": [p, i64, p, p, p, i32],
+        "tm_draft_chain": [p, p, i64, i64, p, i32],
     }
     int_results = (
         "tm_has_vnni",
@@ -160,3 +162,4 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, name)
         fn.argtypes = argtypes
         fn.restype = i32 if name in int_results else None
+    lib.tm_draft_chain.restype = i64  # drafts written

@@ -63,12 +63,12 @@ class DecodeStep(ctypes.Structure):
     ]
 
 
-def _projection(linear: PackedLinear) -> Projection:
+def projection_of(linear: PackedLinear) -> Projection:
     bias = linear.bias.data_ptr() if linear.bias is not None else None
     return Projection(linear.int_dot.data_ptr(), bias, linear.weight.qtype, linear.weight.rows)
 
 
-def _eligible(linear) -> bool:
+def runs_int_dot(linear) -> bool:
     return type(linear) is PackedLinear and linear.int_dot is not None
 
 
@@ -85,10 +85,10 @@ class FusedDecoder:
                 layer.input_norm.data_ptr(),
                 layer.post_attn_norm.data_ptr(),
                 kv.data_ptr(),
-                _projection(layer.qkv_proj),
-                _projection(layer.o_proj),
-                _projection(layer.gate_up_proj),
-                _projection(layer.down_proj),
+                projection_of(layer.qkv_proj),
+                projection_of(layer.o_proj),
+                projection_of(layer.gate_up_proj),
+                projection_of(layer.down_proj),
             )
         self.dims = DecodeDims(
             cfg.hidden_size,
@@ -112,7 +112,7 @@ class FusedDecoder:
             model.method.fused_decode
             and isinstance(attn, CPUPagedBackend)
             and all(kv.dtype == torch.float32 and kv.is_contiguous() for kv in kv_caches)
-            and all(_eligible(getattr(layer, p)) for layer in model.layers for p in projections)
+            and all(runs_int_dot(getattr(layer, p)) for layer in model.layers for p in projections)
         )
 
     def forward(

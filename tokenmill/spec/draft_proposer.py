@@ -16,6 +16,7 @@ from tokenmill.spec.draft_head import (
     rms,
     target_fingerprint,
 )
+from tokenmill.spec.native_chain import NativeDraftChain
 from tokenmill.spec.ngram import NgramProposer
 
 
@@ -102,6 +103,10 @@ class DraftHeadProposer:
         self.readout = readout
         self.k = k
         self.packed = PackedDraftHead(head) if PackedDraftHead.supported(head) else None
+        # the whole chain in one native call where every layer runs the integer-dot GEMV
+        self.chain = None
+        if self.packed is not None and NativeDraftChain.supported(self.packed, readout):
+            self.chain = NativeDraftChain(self.packed, head, readout)
 
     @classmethod
     def from_file(cls, path: str, model, k: int) -> DraftHeadProposer:
@@ -115,6 +120,8 @@ class DraftHeadProposer:
     ) -> list[int]:
         if feature is None or max_tokens <= 0 or not token_ids:
             return []
+        if self.chain is not None:
+            return self.chain.draft(feature, token_ids[-1], min(self.k, max_tokens))
         drafts: list[int] = []
         token = token_ids[-1]
         step = self.packed.step if self.packed is not None else self.head.step

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "poly_exp.h"
+#include "projection.h"
 
 void tm_rmsnorm(const float* x, const float* w, int64_t M, int64_t K, float eps, float* out, int nthreads);
 void tm_rope_neox(float* x, int64_t T, int64_t row_stride, int64_t nheads, int64_t hd,
@@ -17,16 +18,6 @@ void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_bloc
                                const int64_t* block_table, const int64_t* seq_lens, int64_t B,
                                int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int64_t max_blocks,
                                float scale, int64_t window, float* out, int nthreads);
-void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
-                       const float* bias, float* y, int accumulate, int nthreads);
-
-typedef struct {  // one projection: weights regrouped by tm_int_dot_repack
-    const uint8_t* weight;
-    const float* bias;  // or NULL
-    int64_t qtype;
-    int64_t rows;
-} Projection;
-
 typedef struct {  // the layout mirrors DecodeLayer in tokenmill/model/fused_decode.py
     const float* input_norm;
     const float* post_attn_norm;
@@ -49,14 +40,9 @@ typedef struct {  // mirrors DecodeStep: one step's rows
     const int64_t* seq_lens;
 } DecodeStep;
 
-static void linear(const Projection* p, const float* x, int64_t M, int64_t K, float* y,
-                   int accumulate, int nthreads) {
-    tm_int_dot_linear(x, M, K, p->weight, (int)p->qtype, p->rows, p->bias, y, accumulate, nthreads);
-}
-
 // out = silu(gate) * up for one row (gate_up: [gate | up], I each), exp as poly_expf: the
 // vector lanes and the scalar tail compute the same sequence of operations.
-static void silu_mul(const float* gate_up, int64_t I, float* out) {
+void tm_silu_mul(const float* gate_up, int64_t I, float* out) {
     const float* up = gate_up + I;
     int64_t i = 0;
 #if defined(__AVX512F__)
@@ -107,7 +93,7 @@ void tm_decode_layers(const DecodeLayer* layers, int64_t n_layers, const DecodeD
         linear(&L->o, attn, M, q_size, hidden, 1, nthreads);
         tm_rmsnorm(hidden, L->post_attn_norm, M, H, d->eps, normed, nthreads);
         linear(&L->gate_up, normed, M, H, wide_out, 0, nthreads);
-        for (int64_t m = 0; m < M; m++) silu_mul(wide_out + m * 2 * I, I, normed + m * I);
+        for (int64_t m = 0; m < M; m++) tm_silu_mul(wide_out + m * 2 * I, I, normed + m * I);
         linear(&L->down, normed, M, I, hidden, 1, nthreads);
     }
     free(normed);

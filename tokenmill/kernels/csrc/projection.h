@@ -1,0 +1,19 @@
+// One packed projection as the fused native calls see it (decode_layers.c, draft_chain.c):
+// weights regrouped by tm_int_dot_repack, run on the integer-dot GEMV.
+#pragma once
+#include <stdint.h>
+
+void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
+                       const float* bias, float* y, int accumulate, int nthreads);
+
+typedef struct {  // mirrors Projection in tokenmill/model/fused_decode.py
+    const uint8_t* weight;
+    const float* bias;  // or NULL
+    int64_t qtype;
+    int64_t rows;
+} Projection;
+
+static inline void linear(const Projection* p, const float* x, int64_t M, int64_t K, float* y,
+                          int accumulate, int nthreads) {
+    tm_int_dot_linear(x, M, K, p->weight, (int)p->qtype, p->rows, p->bias, y, accumulate, nthreads);
+}
