@@ -40,7 +40,9 @@ The machine should be otherwise idle; each system runs after the others.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -140,27 +142,62 @@ def decode_one(llm: LLM, prompt: str, max_tokens: int) -> tuple[int, float]:
     return max(n - 1, 0), (end - first) if first and end else 0.0
 
 
+def _serve_system(conn, kwargs: dict) -> None:
+    """One system in a process of its own, as a server runs one engine: decodes the
+    requests the parent sends, one at a time, until it sends None."""
+    llm = LLM(None, kv_cache_memory_gib=0.5, **kwargs)
+    llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=8))
+    conn.send("ready")
+    stats = llm.engine.core.scheduler.spec_stats
+    while (job := conn.recv()) is not None:
+        d0, a0, t0 = stats.num_drafts, stats.num_accepted_tokens, stats.num_draft_tokens
+        n, s = decode_one(llm, *job)
+        conn.send((n, s, stats.num_drafts - d0, stats.num_accepted_tokens - a0,
+                   stats.num_draft_tokens - t0))  # fmt: skip
+
+
 def bench_tokenmill(configs: dict[str, dict], prompts: dict[str, list[str]], tokens: int,
                     rounds: int) -> dict[str, dict[str, Measured]]:  # fmt: skip
     """Every request on every system in turn (this VM's speed drifts over minutes: the
-    systems see the same drift), `rounds` times."""
-    llms = {name: LLM(None, kv_cache_memory_gib=0.5, **kw) for name, kw in configs.items()}
+    systems see the same drift; their order alternates), `rounds` times. Each system runs in its own process (the
+    others wait, idle): engines sharing one process slowed each other unevenly (the
+    speculating ones ~8% more than the plain one, 2-core EPYC)."""
+    ctx = multiprocessing.get_context("spawn")
+    workers = {}
+    for name, kw in configs.items():
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_serve_system, args=(child, kw), daemon=True)
+        proc.start()
+        workers[name] = (proc, parent)
     results = {name: {task: Measured() for task in prompts} for name in configs}
-    for llm in llms.values():
-        llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=8))
-    for _ in range(rounds):
-        for task, items in prompts.items():
-            for prompt in items:
-                for name, llm in llms.items():
-                    stats = llm.engine.core.scheduler.spec_stats
-                    d0, a0, t0 = stats.num_drafts, stats.num_accepted_tokens, stats.num_draft_tokens
-                    n, s = decode_one(llm, prompt, tokens)
-                    m = results[name][task]
-                    m.tokens += n
-                    m.seconds += s
-                    m.drafts += stats.num_drafts - d0
-                    m.accepted += stats.num_accepted_tokens - a0
-                    m.drafted += stats.num_draft_tokens - t0
+    try:
+        for name, (_, conn) in workers.items():
+            if conn.recv() != "ready":
+                raise RuntimeError(f"{name}: the system did not start")
+        order = list(workers)
+        for _ in range(rounds):
+            for task, items in prompts.items():
+                for prompt in items:
+                    order.reverse()  # A B, B A, ...: a steady drift favours no system
+                    for name in order:
+                        conn = workers[name][1]
+                        conn.send((prompt, tokens))
+                        n, s, drafts, accepted, drafted = conn.recv()
+                        m = results[name][task]
+                        m.tokens += n
+                        m.seconds += s
+                        m.drafts += drafts
+                        m.accepted += accepted
+                        m.drafted += drafted
+                        m.per_request.append(n / s if s else float("nan"))
+    finally:
+        for proc, conn in workers.values():
+            if proc.is_alive():
+                with contextlib.suppress(OSError):
+                    conn.send(None)
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
     for name, res in results.items():
         for task, m in res.items():
             log.print(f"{name} {task}: {m.tps:.1f} tok/s, accept len {m.accept_len}")
