@@ -226,6 +226,8 @@ def test_greedy_rows_read_out_their_argmax_alone_with_the_same_tokens(
     spec_full = scripted(native_path, (prompts, expected), max_num_seqs=6)
     assert run_checked(spec_full, prompts) == expected and not calls
     monkeypatch.setenv("TOKENMILL_GREEDY_ARGMAX", "1")
+    # from one row on (by default steps of 1-2 greedy rows read out every logit: faster there)
+    monkeypatch.setattr("tokenmill.model.linear.GREEDY_ARGMAX_MIN_ROWS", 1)
     for spec, max_num_seqs in ((False, 1), (False, 6), (True, 1), (True, 6)):
         if spec:
             llm = scripted(native_path, (prompts, expected), max_num_seqs=max_num_seqs)
@@ -238,6 +240,12 @@ def test_greedy_rows_read_out_their_argmax_alone_with_the_same_tokens(
         if spec:
             assert llm.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
     monkeypatch.delenv("TOKENMILL_GREEDY_ARGMAX")
+    monkeypatch.undo()  # the default threshold: a 1-row greedy readout computes the logits
+    lm_head = make_llm(native_path, False, max_num_seqs=1).engine.core.model.lm_head
+    hidden = torch.randn(8, lm_head.weight.cols)
+    assert lm_head.greedy_argmax(hidden[:1]) is None and lm_head.greedy_argmax(hidden[:2]) is None
+    assert torch.equal(lm_head.greedy_argmax(hidden[:3]), lm_head(hidden[:3]).max(dim=1).indices)
+    monkeypatch.setattr(PackedLinear, "greedy_argmax", counted)
     with_logprobs = make_llm(native_path, False, max_num_seqs=1)
     params = SamplingParams(temperature=0, max_tokens=8, logprobs=2, ignore_eos=True)
     calls.clear()

@@ -153,6 +153,12 @@ def int_dot_decode(weight: PackedWeight) -> bool:
     return ops.int_dot_kind() > 0 and ops.int_dot_supported(weight)
 
 
+# Fewer greedy rows read out every logit instead: there the readout is bound by reading the
+# lm_head either way, and the argmax's extra pass made it slower (AMD EPYC: 1.43 vs 1.08 ms
+# at 1 row, 1.60-1.80 vs 1.08-1.30 at 2; a 2-core Xeon: even).
+GREEDY_ARGMAX_MIN_ROWS = 3
+
+
 def argmax_enabled() -> bool:
     """Greedy rows read out only their argmax where the lm_head can (TOKENMILL_GREEDY_ARGMAX=0
     computes every logit: the A/B switch for benchmarks)."""
@@ -220,8 +226,11 @@ class PackedLinear:
         self(x).max(dim=1).indices (first on ties), from the integer-dot GEMV's high-byte
         estimate of every output and exact outputs only for the few that could be largest: a
         greedy verification row then costs a third of the lm_head's dot products. None where
-        this layer runs another kernel for x (or an output is not finite)."""
-        if self.int_dot is None or self.bias is not None or not 0 < x.shape[0] <= INT_DOT_MAX_ROWS:
+        this layer runs another kernel for x, x has fewer than GREEDY_ARGMAX_MIN_ROWS rows (or an
+        output is not finite)."""
+        if self.int_dot is None or self.bias is not None:
+            return None
+        if not GREEDY_ARGMAX_MIN_ROWS <= x.shape[0] <= INT_DOT_MAX_ROWS:
             return None
         if self._argmax_bounds is None:
             self._argmax_bounds = ops.int_dot_bound_table(self.int_dot, self.weight)
