@@ -9,6 +9,7 @@ import torch
 
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.spec.draft_policy import DRAFT_SOURCES, Acceptance
+from tokenmill.spec.ngram import NgramIndex
 
 
 class RequestStatus(enum.IntEnum):
@@ -78,6 +79,7 @@ class Request:
         self.spec_acceptance = {source: Acceptance() for source in DRAFT_SOURCES}
         self.spec_source = "proposer"  # where the drafts being verified came from
         self.spec_feature: torch.Tensor | None = None  # last hidden state (draft heads)
+        self.ngram_index: NgramIndex | None = None  # n-gram lookup's, over all_token_ids
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator()

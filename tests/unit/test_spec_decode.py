@@ -72,6 +72,32 @@ def test_ngram_lookup_equals_a_plain_scan():
             assert proposer.propose(tokens, limit) == scan(tokens, 2, 5, min(7, limit)), tokens
 
 
+@pytest.mark.parametrize("window", [8192, 24])
+def test_the_incremental_ngram_index_equals_the_scan(monkeypatch, window):
+    """A decoding request's NgramIndex (extended by each step's new tokens; rebuilt past twice
+    the search window, or when handed a shorter sequence) drafts what the scan of the last
+    MAX_SEARCH_TOKENS tokens drafts, step after step."""
+    from tokenmill.spec import ngram
+
+    monkeypatch.setattr(ngram, "MAX_SEARCH_TOKENS", window)
+    rng = random.Random(1)
+    proposer = NgramProposer(2, 5, 7)
+    for _ in range(60):
+        vocab = rng.choice([2, 3, 20, 200])
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 30))]
+        index = proposer.new_index()
+        for _ in range(rng.randrange(1, 120)):
+            limit = rng.choice([1, 3, 7])
+            drafts = proposer.propose(tokens, limit, index=index)
+            assert drafts == proposer.propose(tokens, limit), (tokens, limit)
+            # the next step's tokens: an accepted run of the drafts (copying), or a new token
+            tokens += drafts[: rng.randrange(len(drafts) + 1)] + [rng.randrange(vocab)]
+        assert len(index.tables[2]) <= 2 * window + 1
+    index = proposer.new_index()  # handed another, shorter sequence: rebuilt, still right
+    assert proposer.propose([1, 2, 3, 1, 2, 3, 1, 2], 3, index=index) == [3, 1, 2]
+    assert proposer.propose([5, 6, 5], 3, index=index) == proposer.propose([5, 6, 5], 3)
+
+
 def test_greedy_verification_accepts_the_matching_prefix_plus_one():
     assert accept_drafts([5, 6, 7], [5, 6, 7, 8]) == [5, 6, 7, 8]  # all pass: bonus token
     assert accept_drafts([5, 6, 7], [5, 9, 7, 8]) == [5, 9]  # second draft rejected
@@ -449,9 +475,9 @@ def test_drafts_never_run_past_max_tokens_or_the_context():
     original = sched.proposer.propose
     calls = []
 
-    def spy(token_ids, max_tokens):
+    def spy(token_ids, max_tokens, **kw):
         calls.append((len(token_ids), max_tokens))
-        return original(token_ids, max_tokens)
+        return original(token_ids, max_tokens, **kw)
 
     sched.proposer.propose = spy
     prompt = [1, 2, 3, 4] * 6

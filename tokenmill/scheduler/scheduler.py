@@ -21,6 +21,7 @@ from tokenmill.kv.manager import KVCacheManager
 from tokenmill.request import Request, RequestStatus
 from tokenmill.scheduler.queue import make_queue
 from tokenmill.spec.draft_policy import DraftPolicy, StepTimes
+from tokenmill.spec.ngram import NgramIndex, NgramProposer
 from tokenmill.spec.proposer import Proposer
 from tokenmill.structured.spec import CONSTRAINT_FAILED
 
@@ -229,7 +230,8 @@ class Scheduler:
         assert self.proposer is not None
         lookup = getattr(self.proposer, "lookup", None)
         if lookup is not None:  # free to ask: where the sequence repeats itself, copy it
-            found = self._timed(lookup.propose, "lookup", request.all_token_ids, room)
+            index = self._ngram_index(request, lookup)
+            found = self._timed(lookup.propose, "lookup", request.all_token_ids, room, index=index)
             drafts = self._paying(request, "lookup", found)
             if drafts:
                 return drafts
@@ -240,10 +242,20 @@ class Scheduler:
         if room <= 0:
             self.draft_policy.idle(own)
             return []
-        features = getattr(self.proposer, "needs_features", False)
-        kw = {"feature": request.spec_feature} if features else {}
+        if isinstance(self.proposer, NgramProposer):
+            kw = {"index": self._ngram_index(request, self.proposer)}
+        elif getattr(self.proposer, "needs_features", False):
+            kw = {"feature": request.spec_feature}
+        else:
+            kw = {}
         drafts = self._timed(self.proposer.propose, "proposer", request.all_token_ids, room, **kw)
         return self._paying(request, "proposer", drafts)
+
+    @staticmethod
+    def _ngram_index(request: Request, proposer: NgramProposer) -> NgramIndex:
+        if request.ngram_index is None:
+            request.ngram_index = proposer.new_index()
+        return request.ngram_index
 
     def _timed(self, propose, source: str, token_ids, room: int, **kw) -> list[int]:
         """A proposer's drafts; the time they took is the draft policy's cost per draft of the
