@@ -27,7 +27,8 @@ Systems
 Numbers
     decode tok/s    output tokens after the first / time from the first output token to the
                     last (prefill excluded), summed over the task's requests; tokenmill's
-                    systems take turns request by request, two rounds (--rounds)
+                    systems (each in its own process) take turns request by request, in
+                    alternating order, two rounds (--rounds)
     accept len      mean tokens per verification step (accepted drafts + 1), and accepted /
                     drafted tokens
     batched         32 concurrent chat requests, 128 output tokens each: output tokens / wall
