@@ -18,34 +18,33 @@ MAX_SEARCH_TOKENS = 8192
 
 class NgramIndex:
     """For one growing token sequence: the end position of the latest occurrence of every
-    n-gram (min_n <= n <= max_n) that has a token after it. Positions start at `base`: the
-    index is rebuilt from the last MAX_SEARCH_TOKENS tokens once it spans twice that, so it
-    holds at most ~2 * MAX_SEARCH_TOKENS entries per n."""
+    n-gram (min_n <= n <= max_n) that has a token after it, from position `base` on. Built
+    over the last MAX_SEARCH_TOKENS tokens and rebuilt so once it spans twice that: at most
+    ~2 * MAX_SEARCH_TOKENS entries per n."""
 
     __slots__ = ("min_n", "max_n", "tables", "base", "upto")
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
-        self.tables: dict[int, dict[tuple[int, ...], int]] = {}
+        self.tables: dict[int, dict[tuple[int, ...], int]] = {
+            n: {} for n in range(min_n, max_n + 1)
+        }
         self.base = 0
         self.upto = 0  # tokens indexed
 
     def update(self, tokens: Sequence[int]) -> None:
         length = len(tokens)
-        if length < self.upto or length - self.base > 2 * MAX_SEARCH_TOKENS:
-            # shorter than indexed (not the sequence it was built on), or too long: rebuild
-            self.base = max(0, length - MAX_SEARCH_TOKENS)
-            self.upto = self.base
-            self.tables = {}
-        sizes = range(self.min_n, self.max_n + 1)
-        tables = self.tables or {n: {} for n in sizes}
-        self.tables = tables
+        if self.upto == 0 or length < self.upto or length - self.base > 2 * MAX_SEARCH_TOKENS:
+            # first call, shorter than indexed (another sequence) or too long: (re)build
+            self.base = self.upto = max(0, length - MAX_SEARCH_TOKENS)
+            for table in self.tables.values():
+                table.clear()
         # token i is the follower of the n-grams that end at i - 1
         for i in range(max(self.upto, self.base + 1), length):
-            for n in sizes:
+            for n, table in self.tables.items():
                 if i - n < self.base:
                     break
-                tables[n][tuple(tokens[i - n : i])] = i - 1
+                table[tuple(tokens[i - n : i])] = i - 1
         self.upto = length
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
