@@ -160,9 +160,8 @@ def _serve_system(conn, kwargs: dict) -> None:
 def bench_tokenmill(configs: dict[str, dict], prompts: dict[str, list[str]], tokens: int,
                     rounds: int) -> dict[str, dict[str, Measured]]:  # fmt: skip
     """Every request on every system in turn (this VM's speed drifts over minutes: the
-    systems see the same drift; their order alternates), `rounds` times. Each system runs in its own process (the
-    others wait, idle): engines sharing one process slowed each other unevenly (the
-    speculating ones ~8% more than the plain one, 2-core EPYC)."""
+    systems see the same drift; their order alternates), `rounds` times. Each system runs in
+    its own process, as a server runs one engine; the others wait, idle."""
     ctx = multiprocessing.get_context("spawn")
     workers = {}
     for name, kw in configs.items():
