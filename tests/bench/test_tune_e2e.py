@@ -18,7 +18,7 @@ from tokenmill.tune.trials import TrialStore
 def tune(out, space, *extra: str) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable, "-m", "tokenmill.cli", "tune", "--space", str(space),
-        "--concurrency", "4", "--num-requests", "8", "--input-len", "32", "--output-len", "8",
+        "--concurrency", "4", "--num-requests", "8", "--input-len", "32", "--output-len", "16",
         "--slo", "ttft=20s", "--budget-minutes", "10", "--repeat-chosen", "1",
         "--serve-args", "--kv-cache-memory 0.25", "--output-dir", str(out), "--no-progress",
         *extra,

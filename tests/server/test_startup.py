@@ -28,6 +28,7 @@ CORE_PHASES = [
     "read weights",
     "native kernels",
     "build model",
+    "choose row kernels",
     "allocate KV cache",
     "scheduler",
     "warm-up",

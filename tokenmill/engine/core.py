@@ -28,7 +28,7 @@ from tokenmill.kv.events import KVEventCollector, KVEventPublisher
 from tokenmill.kv.hashing import block_hashes
 from tokenmill.kv.manager import KVCacheManager, cdiv
 from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
-from tokenmill.model.linear import get_linear_method
+from tokenmill.model.linear import NativeMethod, get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.model_files import ModelFiles
 from tokenmill.model.prefetch import WeightPrefetch
@@ -118,6 +118,9 @@ class EngineCore:
         )
         files.weights.clear()
         profile.mark("build model")
+        if isinstance(self.model.method, NativeMethod):
+            self.model.method.choose_row_kernels()
+            profile.mark("choose row kernels")
         if prefetch is not None:
             prefetch.close()
             profile.background.update({f"prefetch {k}": v for k, v in prefetch.seconds.items()})

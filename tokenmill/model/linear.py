@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from tokenmill.kernels import ops
 from tokenmill.model.packed import Int8Weight, OutlierSplit, PackedStack, PackedWeight, as_float
 from tokenmill.model.prefetch import FLOAT_T, INT_DOT, WeightPrefetch
+from tokenmill.model.row_kernels import int_dot_row_limit
 
 # Below this many rows the native int8 kernel beats torch._int_mm (oneDNN).
 _NATIVE_INT8_MAX_ROWS = 16
@@ -136,9 +137,10 @@ def prepared(prefetch: WeightPrefetch | None, kind: str, weight: PackedWeight):
 # rows are dequantized for a BLAS GEMM (measured on 576 x 1536 and 49152 x 576 weights).
 PACKED_GEMV_MAX_ROWS = 8
 # Up to this many rows the integer-dot GEMV runs (8 rows per pass over the weights) where the
-# format has it: a decode step of the embedded model (AVX-512 VNNI) with 16 rows takes 60 ms
-# on one thread (fp32 GEMM: 118), 39 on two (70); 32 rows 119 / 78 (161 / 93); at 48 the GEMM
-# catches up. A row's result then never depends on the other rows of its step up to here.
+# format has it, whatever the machine: a decode step of the embedded model (AVX-512 VNNI) with
+# 16 rows takes 60 ms on one thread (fp32 GEMM: 118), 39 on two (70); 32 rows 119 / 78
+# (161 / 93). A row's result then never depends on the other rows of its step up to here.
+# Beyond it, up to where it was measured faster than the GEMM on this machine (row_kernels).
 INT_DOT_MAX_ROWS = 32
 # fp32 bytes dequantized at a time for the GEMM path (stays in L2/L3, never a full copy)
 _DEQUANT_CHUNK_BYTES = 4 << 20
@@ -184,6 +186,8 @@ class PackedLinear:
         and float copy already (prefetch.py)."""
         self.weight = weight
         self.bias = bias.float().contiguous() if bias is not None else None
+        # up to this many rows run the integer-dot kernel (the method measures it: row_kernels)
+        self.int_dot_max_rows = INT_DOT_MAX_ROWS
         self._argmax_bounds: torch.Tensor | None = None  # greedy_argmax's, made on first use
         self.chunk_rows = max(1, _DEQUANT_CHUNK_BYTES // (4 * weight.cols))
         self._scratch: torch.Tensor | None = None
@@ -203,10 +207,20 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()
-        if self.int_dot is not None and x.shape[0] <= INT_DOT_MAX_ROWS:
-            return ops.int_dot_linear(x, self.int_dot, self.weight, self.bias, residual)
+        if self.int_dot is not None and x.shape[0] <= self.int_dot_max_rows:
+            return self.int_dot_rows(x, residual)
         if x.shape[0] <= PACKED_GEMV_MAX_ROWS:
             return ops.qlinear(x, self.weight, self.bias, residual)
+        return self.gemm_rows(x, residual)
+
+    def int_dot_rows(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The integer-dot kernel on x's rows (the layer has one: self.int_dot)."""
+        return ops.int_dot_linear(x.contiguous(), self.int_dot, self.weight, self.bias, residual)
+
+    def gemm_rows(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """A float32 GEMM on the dequantized weight: its float copy, else dequantized in
+        chunks."""
+        x = x.contiguous()
         if self.float_linear is not None:
             return self.float_linear(x, residual)
         w = self.weight
@@ -230,7 +244,7 @@ class PackedLinear:
         output is not finite)."""
         if self.int_dot is None or self.bias is not None:
             return None
-        if not GREEDY_ARGMAX_MIN_ROWS <= x.shape[0] <= INT_DOT_MAX_ROWS:
+        if not GREEDY_ARGMAX_MIN_ROWS <= x.shape[0] <= self.int_dot_max_rows:
             return None
         if self._argmax_bounds is None:
             self._argmax_bounds = ops.int_dot_bound_table(self.int_dot, self.weight)
@@ -331,6 +345,15 @@ class NativeMethod(FloatMethod):
         self.dequant_cache_left = dequant_cache_bytes
         # TOKENMILL_FUSED_DECODE=0 keeps decode steps on the per-layer path
         self.fused_decode = self.native and os.environ.get("TOKENMILL_FUSED_DECODE", "1") != "0"
+        self.packed_linears: list[PackedLinear] = []  # for choose_row_kernels
+
+    def choose_row_kernels(self) -> int:
+        """Sets up to how many rows the packed layers run the integer-dot kernel, as measured
+        for this machine (row_kernels.py), once the model is built; returns it."""
+        limit = int_dot_row_limit(self.packed_linears, INT_DOT_MAX_ROWS)
+        for linear in self.packed_linears:
+            linear.int_dot_max_rows = limit
+        return limit
 
     def _keep_float(self, weight: PackedWeight) -> bool:
         nbytes = 4 * weight.rows * weight.cols
@@ -343,7 +366,9 @@ class NativeMethod(FloatMethod):
         self, weight: torch.Tensor | PackedWeight | Int8Weight, bias: torch.Tensor | None = None
     ):
         if isinstance(weight, PackedWeight) and self.native:
-            return PackedLinear(weight, bias, self._keep_float(weight), self.prefetch)
+            linear = PackedLinear(weight, bias, self._keep_float(weight), self.prefetch)
+            self.packed_linears.append(linear)
+            return linear
         if isinstance(weight, PackedStack) and self.native:
             return StackedPackedLinear(weight, bias, self)
         if isinstance(weight, OutlierSplit) and self.native:

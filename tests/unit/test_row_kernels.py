@@ -1,0 +1,112 @@
+"""The integer-dot / GEMM row limit: what it picks from timings, where it is stored and read
+back, and that packed layers follow it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.unit.test_native_weights import packed
+from tokenmill.kernels import ops
+from tokenmill.model import row_kernels
+from tokenmill.model.linear import INT_DOT_MAX_ROWS, NativeMethod, PackedLinear
+
+
+def fake_clock(monkeypatch, cost: dict[str, callable]):
+    """Kernels that take cost[name](rows) seconds on a clock the measurement reads."""
+    now = [0.0]
+    monkeypatch.setattr(row_kernels.time, "perf_counter", lambda: now[0])
+
+    def kernel(name):
+        def run(x):
+            now[0] += cost[name](x.shape[0])
+
+        return run
+
+    return kernel("int_dot"), kernel("gemm")
+
+
+@pytest.mark.parametrize(
+    ("gemm_cost", "expected"),
+    [
+        (lambda m: 1e-3 + 5e-6 * m, 128),  # int-dot 1e-5 a row: the GEMM wins past 200 rows
+        (lambda m: 2e-5 * m, row_kernels.UNLIMITED),  # the GEMM is never faster
+        (lambda m: 5e-6 * m, INT_DOT_MAX_ROWS),  # faster from the first count: the floor
+    ],
+)
+def test_the_limit_is_the_largest_count_the_int_dot_kernel_won(monkeypatch, gemm_cost, expected):
+    int_dot, gemm = fake_clock(monkeypatch, {"int_dot": lambda m: 1e-5 * m, "gemm": gemm_cost})
+    limit, timings = row_kernels.measure_limit(int_dot, gemm, 64, INT_DOT_MAX_ROWS)
+    assert limit == expected
+    # it stops at the first count the GEMM won
+    lost = [m for m, a, b in timings if a > b]
+    assert lost == ([] if expected == row_kernels.UNLIMITED else [timings[-1][0]])
+
+
+def test_the_best_run_counts_not_a_slow_one(monkeypatch):
+    slow_once = iter([64e-5, 1.0])  # the first timed int-dot run at 64 rows: slowed by a neighbour
+    cost = {
+        "int_dot": lambda m: next(slow_once, 1e-5 * m) if m == 64 else 1e-5 * m,
+        "gemm": lambda m: 1e-3 + 5e-6 * m,
+    }
+    int_dot, gemm = fake_clock(monkeypatch, cost)
+    assert row_kernels.measure_limit(int_dot, gemm, 64, INT_DOT_MAX_ROWS)[0] == 128
+
+
+def int_dot_layers() -> list[PackedLinear]:
+    method = NativeMethod(dequant_cache_bytes=1 << 30)
+    for rows in (64, 256, 32):
+        method.linear(packed("Q8_0", rows, 128, seed=rows))
+    return method
+
+
+@pytest.fixture
+def method():
+    if not ops.kernels_available() or ops.int_dot_kind() == 0:
+        pytest.skip("no integer-dot kernel in this build")
+    return int_dot_layers()
+
+
+def test_the_limit_is_measured_once_per_machine_and_stored(method, tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENMILL_CACHE", str(tmp_path))
+    monkeypatch.delenv(row_kernels.ENV, raising=False)
+    sample = row_kernels.choose_sample(method.packed_linears)
+    assert sample.weight.rows == 256  # the largest layer within the cap
+    limit = method.choose_row_kernels()
+    assert limit >= INT_DOT_MAX_ROWS
+    assert all(x.int_dot_max_rows == limit for x in method.packed_linears)
+    stored = row_kernels._read(row_kernels.cache_file())
+    assert stored == {row_kernels.machine_key(sample): limit}
+
+    def measure(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(row_kernels, "measure_limit", measure)
+    assert int_dot_layers().choose_row_kernels() == limit  # read back, not measured
+    monkeypatch.setenv(row_kernels.ENV, "80")
+    assert int_dot_layers().choose_row_kernels() == 80
+
+
+def test_a_broken_store_is_measured_again(method, tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENMILL_CACHE", str(tmp_path))
+    monkeypatch.delenv(row_kernels.ENV, raising=False)
+    row_kernels.cache_file().parent.mkdir(parents=True)
+    row_kernels.cache_file().write_text("[not, json")
+    monkeypatch.setattr(row_kernels, "measure_limit", lambda *a: (512, [(64, 1e-3, 2e-3)]))
+    assert method.choose_row_kernels() == 512
+    assert list(row_kernels._read(row_kernels.cache_file()).values()) == [512]
+
+
+def test_packed_layers_run_the_int_dot_kernel_up_to_the_limit(method):
+    linear = method.packed_linears[1]
+    x = torch.randn(48, 128)
+    linear.int_dot_max_rows = INT_DOT_MAX_ROWS  # 48 rows: the GEMM
+    assert torch.equal(linear(x), linear.gemm_rows(x))
+    assert linear.greedy_argmax(x) is None
+    linear.int_dot_max_rows = 64  # now the integer-dot kernel, row for row as run alone
+    together = linear(x)
+    assert torch.equal(together, linear.int_dot_rows(x))
+    assert not torch.equal(together, linear.gemm_rows(x))  # 24-bit activations: not the GEMM
+    assert torch.equal(together[40], linear(x[40:41])[0])
+    assert torch.allclose(together, linear.gemm_rows(x), atol=1e-4, rtol=1e-4)
+    assert torch.equal(linear.greedy_argmax(x), together.max(dim=1).indices)

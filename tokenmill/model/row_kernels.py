@@ -1,0 +1,169 @@
+"""Up to how many rows a step's packed layers run the integer-dot kernel rather than a float32
+GEMM on the dequantized weight: measured on this machine, once.
+
+Which one wins past a few dozen rows depends on the CPU: the integer-dot kernel's cost per
+row is flat (8 rows per pass over the weights, bound by `vpdpbusd`), the GEMM's falls as rows
+grow, towards the fp32 FMA peak. On a 2-core AMD EPYC (Zen 4, oneDNN/MKL fp32 GEMM) the
+integer-dot kernel was 1.3-3x faster on the embedded model's gate/up layer at 64-512 rows and
+a 512-token prefill took 638 ms against 902; the 2-core Xeon measured even at 48 rows.
+
+The first start on a machine times both kernels on one of the model's layers (its largest
+below a size cap, so a few hundred milliseconds at most) at 64, 128, ... rows and keeps the
+largest count up to which the integer-dot kernel was never slower; the answer is stored under
+the cache directory, keyed by the CPU, the kernels build, the thread count and the layer's
+format and shape, so later starts on the machine (and its numbers) do not change with a noisy
+minute. `TOKENMILL_INT_DOT_MAX_ROWS=N` sets it instead (benchmarks' A/B switch)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from tokenmill.cache_dirs import cache_root
+from tokenmill.kernels import ops
+
+if TYPE_CHECKING:
+    from tokenmill.model.linear import PackedLinear
+
+logger = logging.getLogger(__name__)
+
+CANDIDATE_ROWS = (64, 128, 256, 512, 1024)
+# Past the largest candidate both costs grow in proportion: the winner there keeps winning.
+UNLIMITED = 1 << 30
+# The sample layer: the largest with at most this many weights (about 200 ms of timing).
+_SAMPLE_MAX_WEIGHTS = 4 << 20
+_REPEATS = 3
+ENV = "TOKENMILL_INT_DOT_MAX_ROWS"
+
+
+def cache_file() -> Path:
+    return cache_root() / "calibration" / "int_dot_rows.json"
+
+
+def choose_sample(linears: Sequence[PackedLinear]) -> PackedLinear | None:
+    """The layer to time: one with both kernels, the largest within the size cap (else the
+    smallest); None when no layer has both."""
+    both = [x for x in linears if x.int_dot is not None]
+    if not both:
+        return None
+    size = lambda x: x.weight.rows * x.weight.cols  # noqa: E731
+    within = [x for x in both if size(x) <= _SAMPLE_MAX_WEIGHTS]
+    return max(within, key=size) if within else min(both, key=size)
+
+
+def machine_key(sample: PackedLinear) -> str:
+    """What the measurement depends on: the CPU, the kernels build (its cache name holds the
+    sources' and the CPU flags' hash), the threads, torch's version and the layer."""
+    lib = ops.load_kernels()
+    build = Path(getattr(lib, "_name", "none")).stem
+    w = sample.weight
+    return "|".join(
+        [
+            _cpu_model(),
+            build,
+            f"threads={torch.get_num_threads()}",
+            f"torch={torch.__version__}",
+            f"{w.name}[{w.rows}x{w.cols}]",
+            f"float_copy={sample.float_linear is not None}",
+        ]
+    )
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_limit(
+    int_dot: Callable[[torch.Tensor], object],
+    gemm: Callable[[torch.Tensor], object],
+    cols: int,
+    floor: int,
+    candidates: Sequence[int] = CANDIDATE_ROWS,
+) -> tuple[int, list[tuple[int, float, float]]]:
+    """Times both kernels (best of a few runs after a warm-up) at each row count, smallest
+    first, until the GEMM is faster: the largest count the integer-dot kernel still won (at
+    least `floor`; UNLIMITED when it won at every one), and the timings."""
+    generator = torch.Generator().manual_seed(0)
+    timings: list[tuple[int, float, float]] = []
+    limit = floor
+    for rows in candidates:
+        x = torch.randn(rows, cols, generator=generator)
+        a, b = _best_times(int_dot, gemm, x)
+        timings.append((rows, a, b))
+        if a > b:
+            return limit, timings
+        limit = rows
+    return UNLIMITED, timings
+
+
+def _best_times(
+    first: Callable[[torch.Tensor], object], second: Callable[[torch.Tensor], object], x
+) -> tuple[float, float]:
+    """Each kernel's best time on x, runs taking turns (a busy moment slows both)."""
+    first(x), second(x)
+    best = [float("inf"), float("inf")]
+    for _ in range(_REPEATS):
+        for i, kernel in enumerate((first, second)):
+            start = time.perf_counter()
+            kernel(x)
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best[0], best[1]
+
+
+def int_dot_row_limit(linears: Sequence[PackedLinear], floor: int) -> int:
+    """The row limit for these layers (at least `floor`, the decode rows' limit): the
+    environment's, the stored one for this machine and sample layer, or measured now (and
+    stored)."""
+    if os.environ.get(ENV):
+        return max(1, int(os.environ[ENV]))
+    sample = choose_sample(linears)
+    if sample is None:
+        return floor
+    key = machine_key(sample)
+    path = cache_file()
+    stored = _read(path)
+    if key in stored:
+        return int(stored[key])
+    limit, timings = measure_limit(sample.int_dot_rows, sample.gemm_rows, sample.weight.cols, floor)
+    logger.info(
+        "integer-dot kernel up to %s rows (%s; ms int-dot/GEMM by rows: %s)",
+        "any number of" if limit == UNLIMITED else limit,
+        key,
+        ", ".join(f"{m}: {a * 1e3:.2f}/{b * 1e3:.2f}" for m, a, b in timings),
+    )
+    stored[key] = limit
+    _write(path, stored)
+    return limit
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, data: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)  # atomic: concurrent starts never read half a file
+    except OSError as e:  # a read-only cache: measured again next start
+        logger.warning("could not store the integer-dot row limit in %s: %s", path, e)
