@@ -11,6 +11,7 @@ batch: both methods are batch-invariant.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -19,7 +20,9 @@ import torch.nn.functional as F
 from tokenmill.kernels import ops
 from tokenmill.model.packed import Int8Weight, OutlierSplit, PackedStack, PackedWeight, as_float
 from tokenmill.model.prefetch import FLOAT_T, INT_DOT, WeightPrefetch
-from tokenmill.model.row_kernels import int_dot_row_limit
+from tokenmill.model.row_kernels import UNLIMITED, int_dot_row_limit
+
+logger = logging.getLogger(__name__)
 
 # Below this many rows the native int8 kernel beats torch._int_mm (oneDNN).
 _NATIVE_INT8_MAX_ROWS = 16
@@ -351,8 +354,19 @@ class NativeMethod(FloatMethod):
         """Sets up to how many rows the packed layers run the integer-dot kernel, as measured
         for this machine (row_kernels.py), once the model is built; returns it."""
         limit = int_dot_row_limit(self.packed_linears, INT_DOT_MAX_ROWS)
+        dropped = 0
         for linear in self.packed_linears:
             linear.int_dot_max_rows = limit
+            if (
+                limit >= UNLIMITED
+                and linear.int_dot is not None
+                and linear.float_linear is not None
+            ):
+                # no step will run its GEMM: give the float copy's memory back
+                dropped += 4 * linear.weight.rows * linear.weight.cols
+                linear.float_linear = None
+        if dropped:
+            logger.info("float32 copies of %.0f MB dropped: unused", dropped / 1e6)
         return limit
 
     def _keep_float(self, weight: PackedWeight) -> bool:

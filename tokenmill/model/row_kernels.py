@@ -12,7 +12,9 @@ below a size cap, so a few hundred milliseconds at most) at 64, 128, ... rows an
 largest count up to which the integer-dot kernel was never slower; the answer is stored under
 the cache directory, keyed by the CPU, the kernels build, the thread count and the layer's
 format and shape, so later starts on the machine (and its numbers) do not change with a noisy
-minute. `TOKENMILL_INT_DOT_MAX_ROWS=N` sets it instead (benchmarks' A/B switch)."""
+minute. `TOKENMILL_INT_DOT_MAX_ROWS=N` (or `any`) sets it instead (benchmarks' A/B switch).
+Where the integer-dot kernel wins at any count, the float32 copies kept for the GEMM are
+dropped (the embedded model's 525 MB)."""
 
 from __future__ import annotations
 
@@ -130,7 +132,8 @@ def int_dot_row_limit(linears: Sequence[PackedLinear], floor: int) -> int:
     environment's, the stored one for this machine and sample layer, or measured now (and
     stored)."""
     if os.environ.get(ENV):
-        return max(1, int(os.environ[ENV]))
+        value = os.environ[ENV]
+        return UNLIMITED if value == "any" else max(1, int(value))
     sample = choose_sample(linears)
     if sample is None:
         return floor
