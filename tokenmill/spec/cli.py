@@ -42,7 +42,8 @@ def add_speculator_parser(sub) -> None:
         metavar="DIR",
         help="also write the self-distilled answers there as traces (reuse with --traces)",
     )
-    tr.add_argument("--noise", type=float, default=0.2, help="feature noise (x RMS) in training")
+    tr.add_argument("--noise", type=float, default=0.5, help="feature noise (x RMS) in training")
+    tr.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
     tr.add_argument("--max-tokens", type=int, default=256, help="answer length (self-distill)")
     tr.add_argument("--max-len", type=int, default=1024, help="tokens per sequence, at most")
     tr.add_argument("--epochs", type=int, default=4)
@@ -67,6 +68,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if not 0 < args.held_out < 1:
         raise ValueError("--held-out: a fraction in (0, 1)")
+    if not (args.noise >= 0 and args.weight_decay >= 0):
+        raise ValueError("--noise and --weight-decay: 0 or more")
     if not 1 <= args.num_speculative_tokens <= 7:
         raise ValueError("--num-speculative-tokens: 1..7")
     llm = LLM(args.model, kv_cache_memory_gib=0.5)
@@ -98,7 +101,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     head = DraftHead(cfg.hidden_size, 2 * cfg.hidden_size, vocab)
     t0 = time.perf_counter()
     T.train(
-        head, readout, data, args.epochs, args.lr, noise=args.noise, seed=args.seed,
+        head, readout, data, args.epochs, args.lr, noise=args.noise,
+        weight_decay=args.weight_decay, seed=args.seed,
         progress=lambda e, loss: log.print(f"  epoch {e + 1}/{args.epochs}: loss {loss:.3f}"),
     )  # fmt: skip
     log.print(f"trained in {time.perf_counter() - t0:.0f}s")

@@ -185,8 +185,8 @@ def train(
     lr: float = 2e-3,
     batch_size: int = 256,
     feature_weight: float = 1.0,
-    noise: float = 0.2,
-    weight_decay: float = 0.01,
+    noise: float = 0.5,
+    weight_decay: float = 0.1,
     seed: int = 0,
     progress=None,
 ) -> list[float]:
