@@ -155,6 +155,13 @@ def test_speculator_train_cli_from_prompts_and_from_traces(tiny_llama_dir, tmp_p
     assert len(T.read_traces(saved)) == 4  # the first 4 prompts answered
     assert cli_main(["speculator", "train", "--prompts", str(prompts), "--max-prompts", "-1",
                      *common]) == 2  # fmt: skip
+    for bad in (
+        ["--noise", "-0.1"],
+        ["--weight-decay", "-1"],
+        ["--noise", "nan"],
+        ["--noise", "inf"],
+    ):
+        assert cli_main(["speculator", "train", *few, *bad, *common]) == 2
     traces = tmp_path / "traces"
     traces.mkdir()
     lines = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}], "output": "a b c d e f"})

@@ -4,6 +4,7 @@ answers to a prompt file; prints acceptance and the measured speedup on the held
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 
@@ -68,8 +69,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if not 0 < args.held_out < 1:
         raise ValueError("--held-out: a fraction in (0, 1)")
-    if not (args.noise >= 0 and args.weight_decay >= 0):
-        raise ValueError("--noise and --weight-decay: 0 or more")
+    if not all(0 <= x < math.inf for x in (args.noise, args.weight_decay)):
+        raise ValueError("--noise and --weight-decay: 0 or more, finite")
     if not 1 <= args.num_speculative_tokens <= 7:
         raise ValueError("--num-speculative-tokens: 1..7")
     llm = LLM(args.model, kv_cache_memory_gib=0.5)
