@@ -85,6 +85,10 @@ def test_the_limit_is_measured_once_per_machine_and_stored(method, tmp_path, mon
     assert int_dot_layers().choose_row_kernels() == limit  # read back, not measured
     monkeypatch.setenv(row_kernels.ENV, "80")
     assert int_dot_layers().choose_row_kernels() == 80
+    for bad in ("0", "-5", "many", "1e3"):
+        monkeypatch.setenv(row_kernels.ENV, bad)
+        with pytest.raises(ValueError, match="TOKENMILL_INT_DOT_MAX_ROWS"):
+            int_dot_layers().choose_row_kernels()
 
 
 def test_a_broken_store_is_measured_again(method, tmp_path, monkeypatch):

@@ -132,8 +132,12 @@ def int_dot_row_limit(linears: Sequence[PackedLinear], floor: int) -> int:
     environment's, the stored one for this machine and sample layer, or measured now (and
     stored)."""
     if os.environ.get(ENV):
-        value = os.environ[ENV]
-        return UNLIMITED if value == "any" else max(1, int(value))
+        value = os.environ[ENV].strip()
+        if value == "any":
+            return UNLIMITED
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{ENV}: a number of rows (1 or more) or 'any', got {value!r}")
+        return int(value)
     sample = choose_sample(linears)
     if sample is None:
         return floor
