@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tokenmill.bench.machine import cpu_model
 from tokenmill.cache_dirs import cache_root
 from tokenmill.kernels import ops
 
@@ -69,7 +69,7 @@ def machine_key(sample: PackedLinear) -> str:
     w = sample.weight
     return "|".join(
         [
-            _cpu_model(),
+            cpu_model(),
             build,
             f"threads={torch.get_num_threads()}",
             f"torch={torch.__version__}",
@@ -77,17 +77,6 @@ def machine_key(sample: PackedLinear) -> str:
             f"float_copy={sample.float_linear is not None}",
         ]
     )
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def measure_limit(
