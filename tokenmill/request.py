@@ -79,6 +79,7 @@ class Request:
         self.spec_acceptance = {source: Acceptance() for source in DRAFT_SOURCES}
         self.spec_source = "proposer"  # where the drafts being verified came from
         self.spec_feature: torch.Tensor | None = None  # last hidden state (draft heads)
+        self.spec_probs: list[float] = []  # the head's probabilities of the drafts in flight
         self.ngram_index: NgramIndex | None = None  # n-gram lookup's, over all_token_ids
         self.generator: torch.Generator | None = None
         if params.seed is not None:

@@ -71,13 +71,14 @@ def test_drafting_with_the_head_is_lossless(tiny_llama_dir, sequences, trained, 
     prompts = [ids[:n] for ids, n in sequences[:6]] + repetitive_prompts(2, seed=9)
     plain = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.1, weights="float32", max_num_seqs=1)
     expected = [run_checked(plain, [p])[0] for p in prompts]
-    for max_num_seqs in (1, 4):
+    # fixed: every draft verified; auto: chains sized by the head's calibrated scores
+    for max_num_seqs, policy in ((1, "fixed"), (4, "fixed"), (4, "auto")):
         spec = LLM(
             str(tiny_llama_dir), kv_cache_memory_gib=0.1, weights="float32", speculator=str(path),
-            num_speculative_tokens=4, speculative_draft_policy="fixed", max_num_seqs=max_num_seqs,
+            num_speculative_tokens=4, speculative_draft_policy=policy, max_num_seqs=max_num_seqs,
             speculative_lookup=lookup,
         )  # fmt: skip
-        assert run_checked(spec, prompts) == expected, max_num_seqs
+        assert run_checked(spec, prompts) == expected, (max_num_seqs, policy)
         sched = spec.engine.core.scheduler
         stats = sched.spec_stats
         assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
@@ -88,6 +89,8 @@ def test_drafting_with_the_head_is_lossless(tiny_llama_dir, sequences, trained, 
         sources = sched.draft_policy.servers
         assert sources["proposer"].trials > 0
         assert (sources["lookup"].trials > 0) == lookup
+        # the head's verified drafts calibrate its scores
+        assert sum(sched.draft_policy.calibration.trials) > 0
     assert spec.engine.core.speculative_info()["method"] == "draft_head"
     assert spec.engine.core.speculative_info()["lookup_first"] is lookup
 
@@ -99,13 +102,13 @@ def test_the_proposer_gets_the_targets_last_hidden_state(tiny_llama_dir, trained
     )  # fmt: skip
     sched = spec.engine.core.scheduler
     proposer, seen = sched.proposer, []
-    original = proposer.propose
+    original = proposer.propose_scored
 
-    def spy(token_ids, max_tokens, feature=None):
+    def spy(token_ids, max_tokens, feature=None, min_chain_prob=0.0):
         seen.append((list(token_ids), feature))
-        return original(token_ids, max_tokens, feature=feature)
+        return original(token_ids, max_tokens, feature, min_chain_prob)
 
-    proposer.propose = spy
+    proposer.propose_scored = spy
     spec.generate([{"prompt_token_ids": repetitive_prompts(1, seed=2)[0]}], GREEDY)
     assert len(seen) > 3
     for ids, feature in seen[::3]:
@@ -297,4 +300,18 @@ def test_the_native_chain_drafts_what_the_python_loop_drafts(packed_target):
         assert proposer.propose(context, 2, feature) == loop[:2]
         assert set(loop) <= set(vocab.tolist())
         drafted.update(loop)
+        # each draft's probability under the head: the softmax at its pick, as the loop's
+        proposer.chain = None
+        _, loop_probs = proposer.propose_scored(context, 5, feature)
+        proposer.chain = chain
+        drafts, probs = proposer.propose_scored(context, 5, feature)
+        assert drafts == loop and len(probs) == 5
+        assert all(0.0 < p <= 1.0 for p in probs)
+        assert probs == pytest.approx(loop_probs, rel=1e-4)
+        # the chain stops before the product of the probabilities falls below the floor
+        floor = probs[0] * probs[1] * (1.0 + probs[2]) / 2
+        assert proposer.propose_scored(context, 5, feature, floor)[0] == loop[:2]
+        proposer.chain = None
+        assert proposer.propose_scored(context, 5, feature, floor)[0] == loop[:2]
+        proposer.chain = chain
     assert len(drafted) > 5  # the chains differ: features and tokens reach the drafts

@@ -25,7 +25,9 @@ from tokenmill.sampling.sampler import Sampler
 from tokenmill.scheduler.scheduler import ScheduledRequest
 from tokenmill.spec.draft_policy import (
     FRESH_STEPS,
+    MIN_CHAIN_PROB,
     Acceptance,
+    Calibration,
     DraftPolicy,
     StepTimes,
     context_bucket,
@@ -576,6 +578,41 @@ def test_a_proposer_s_drafting_time_counts_against_its_drafts():
     policy.drafted("lookup", 0, 0.001)  # a lookup that found nothing: time spent, no cost
     assert policy.draft_costs["lookup"].per_draft() == 0.0
     assert policy.drafting == pytest.approx(0.001)  # this step's drafting time so far
+
+
+def test_a_head_s_drafts_are_sized_by_their_calibrated_probabilities():
+    """A draft head scores each draft; the policy verifies a chain as far as its drafts'
+    measured acceptance at those scores pays (1 + P_1 + ... + P_k tokens for k rows), and
+    learns that acceptance per score bin from the verifications."""
+    times = StepTimes()
+    for rows, ms in enumerate([4.0, 5.2, 6.4, 7.6, 8.8, 10.0, 11.2, 12.4], start=1):
+        for _ in range(3):
+            times.observe(rows, ms / 1000)  # each extra row: 0.3 of a 1-row step
+    policy = DraftPolicy(times)
+    cal = policy.calibration
+    assert cal.rate(0.95) == pytest.approx(0.85) and cal.rate(0.55) == pytest.approx(0.45)
+    policy.start_step(1)
+    assert policy.num_scored_drafts([0.98, 0.97, 0.96, 0.25, 0.9]) == 3  # stops at the doubt
+    assert policy.num_scored_drafts([0.3, 0.99]) == 0  # a first draft unlikely: none
+    assert policy.num_scored_drafts([]) == 0
+    # the head's cut-off: a row costs 0.3 of this step, so a draft below that never pays
+    assert policy.min_chain_prob() == pytest.approx(0.3)
+    policy.commit_scored([0.98, 0.97, 0.96], 2)
+    assert policy.rows == 3 and policy.tokens == pytest.approx(1 + 0.85 + 0.85**2)
+    busy = DraftPolicy(times)
+    busy.start_step(8)
+    assert busy.min_chain_prob() >= MIN_CHAIN_PROB
+    # measured: the 0.9-1.0 bin is right every time, the 0.5-0.6 bin never
+    for _ in range(200):
+        cal.record([0.95, 0.55], 1)  # first accepted, second rejected
+    assert cal.rate(0.95) > 0.97 and cal.rate(0.55) < 0.05
+    assert cal.best_rate() == cal.rate(0.99)
+    cal.record([0.95, 0.95, 0.15], 0)  # only the first draft was tested: a failure
+    assert cal.trials[1] == 0.0  # the untested 0.1-0.2 draft counts nowhere
+    fixed = DraftPolicy(times, adaptive=False)
+    fixed.start_step(1)
+    assert fixed.num_scored_drafts([0.1, 0.1]) == 2
+    assert isinstance(Calibration().chain([0.95, 0.95])[1], float)
 
 
 def test_acceptance_estimate_follows_recent_drafts():

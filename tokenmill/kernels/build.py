@@ -149,7 +149,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_int_dot_bound_table": [p, i32, i64, i64, p],
         "tm_int_dot_argmax": [p, i64, i64, p, i32, i64, p, p, i32],
         "tm_decode_layers": [p, i64, p, p, p, i32],
-        "tm_draft_chain": [p, p, i64, i64, p, i32],
+        "tm_draft_chain": [p, p, i64, i64, p, p, f32, i32],
     }
     int_results = (
         "tm_has_vnni",

@@ -236,12 +236,18 @@ class Scheduler:
             if drafts:
                 return drafts
         own = request.spec_acceptance["proposer"]
-        rate = self.draft_policy.acceptance(own)
-        cost = self.draft_policy.draft_costs["proposer"].per_draft()
-        room = self.draft_policy.num_drafts(rate, room, cost)  # no drafting where none would pay
+        policy = self.draft_policy
+        scored = getattr(self.proposer, "scores_drafts", False)
+        # a scoring proposer's drafts are sized by their own probabilities (after drafting):
+        # before, only whether its most confident drafts would pay
+        rate = policy.calibration.best_rate() if scored else policy.acceptance(own)
+        cost = policy.draft_costs["proposer"].per_draft()
+        room = policy.num_drafts(rate, room, cost)  # no drafting where none would pay
         if room <= 0:
-            self.draft_policy.idle(own)
+            policy.idle(own)
             return []
+        if scored:
+            return self._scored_drafts(request, room)
         if isinstance(self.proposer, NgramProposer):
             kw = {"index": self._ngram_index(request, self.proposer)}
         elif getattr(self.proposer, "needs_features", False):
@@ -250,6 +256,27 @@ class Scheduler:
             kw = {}
         drafts = self._timed(self.proposer.propose, "proposer", request.all_token_ids, room, **kw)
         return self._paying(request, "proposer", drafts)
+
+    def _scored_drafts(self, request: Request, room: int) -> list[int]:
+        """A draft head's chain, stopped where it gets too unlikely to pay for a row, cut at
+        the first draft the grammar rejects, then sized by the drafts' calibrated
+        probabilities."""
+        policy = self.draft_policy
+        start = time.perf_counter()
+        drafts, probs = self.proposer.propose_scored(
+            request.all_token_ids, room, request.spec_feature, policy.min_chain_prob()
+        )
+        policy.drafted("proposer", max(len(drafts), 1), time.perf_counter() - start)
+        if drafts and request.grammar is not None:
+            drafts = drafts[: request.grammar.validate_tokens(drafts)]
+        k = policy.num_scored_drafts(probs[: len(drafts)])
+        if k:
+            policy.commit_scored(probs, k)
+            request.spec_source = "proposer"
+            request.spec_probs = probs[:k]
+        else:
+            policy.idle(request.spec_acceptance["proposer"])
+        return drafts[:k]
 
     @staticmethod
     def _ngram_index(request: Request, proposer: NgramProposer) -> NgramIndex:
@@ -312,6 +339,9 @@ class Scheduler:
                 request.num_computed_tokens += len(sampled)
                 source = request.spec_source
                 drafter = self.proposer.lookup if source == "lookup" else self.proposer
+                if source == "proposer" and request.spec_probs:
+                    self.draft_policy.calibration.record(request.spec_probs, len(sampled) - 1)
+                    request.spec_probs = []
                 self.spec_stats.record(len(sr.spec_token_ids), len(sampled) - 1, drafter.name)
                 self.draft_policy.record(
                     request.spec_acceptance[source],

@@ -94,6 +94,7 @@ def model_fingerprint(model) -> str:
 class DraftHeadProposer:
     name = "draft_head"
     needs_features = True  # the model runner keeps each request's last hidden state
+    scores_drafts = True  # propose_scored: each draft's probability under the head
 
     def __init__(self, head: DraftHead, readout: TargetReadout, k: int) -> None:
         # tried before the head by the scheduler, its drafts sized on their own acceptance
@@ -114,20 +115,40 @@ class DraftHeadProposer:
         head, _ = load_draft_head(path, model_fingerprint(model), cfg.hidden_size, cfg.vocab_size)
         return cls(head, target_readout(model, head.draft_vocab), k)
 
-    @torch.inference_mode()
     def propose(
         self, token_ids: Sequence[int], max_tokens: int, feature: torch.Tensor | None = None
     ) -> list[int]:
+        return self.propose_scored(token_ids, max_tokens, feature)[0]
+
+    @torch.inference_mode()
+    def propose_scored(
+        self,
+        token_ids: Sequence[int],
+        max_tokens: int,
+        feature: torch.Tensor | None = None,
+        min_chain_prob: float = 0.0,
+    ) -> tuple[list[int], list[float]]:
+        """Drafts and the head's probability of each (softmax over the draft vocabulary at
+        its pick); the chain stops before the product of the probabilities falls below
+        `min_chain_prob`."""
         if feature is None or max_tokens <= 0 or not token_ids:
-            return []
+            return [], []
+        k = min(self.k, max_tokens)
         if self.chain is not None:
-            return self.chain.draft(feature, token_ids[-1], min(self.k, max_tokens))
+            return self.chain.draft(feature, token_ids[-1], k, min_chain_prob)
         drafts: list[int] = []
-        token = token_ids[-1]
+        probs: list[float] = []
+        token, chain = token_ids[-1], 1.0
         step = self.packed.step if self.packed is not None else self.head.step
-        for _ in range(min(self.k, max_tokens)):
+        for _ in range(k):
             feature = step(feature, self.readout.embed_tokens[token].float())
             logits = self.head.draft_logits(feature, self.readout)
-            token = int(self.head.draft_vocab[int(logits.argmax())])
+            best = int(logits.argmax())
+            p = float(torch.softmax(logits.float(), -1)[best])
+            chain *= p
+            if chain < min_chain_prob or not torch.isfinite(logits[best]):
+                break
+            token = int(self.head.draft_vocab[best])
             drafts.append(token)
-        return drafts
+            probs.append(p)
+        return drafts, probs

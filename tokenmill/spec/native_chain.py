@@ -68,16 +68,23 @@ class NativeDraftChain:
             and all(runs_int_dot(layer) for layer in layers)
         )
 
-    def draft(self, feature: torch.Tensor, token: int, k: int) -> list[int]:
-        """k drafts after `token`, from the target's hidden state `feature` ([H])."""
+    def draft(
+        self, feature: torch.Tensor, token: int, k: int, min_chain_prob: float = 0.0
+    ) -> tuple[list[int], list[float]]:
+        """Up to k drafts after `token`, from the target's hidden state `feature` ([H]), and
+        the head's probability of each; the chain stops before the product of those
+        probabilities falls below `min_chain_prob`."""
         f = feature.detach().float().reshape(self.hidden).clone()
         out = torch.empty(k, dtype=torch.int64)
+        probs = torch.empty(k, dtype=torch.float32)
         n = self._lib.tm_draft_chain(
             ctypes.addressof(self.weights),
             f.data_ptr(),
             token,
             k,
             out.data_ptr(),
+            probs.data_ptr(),
+            min_chain_prob,
             torch.get_num_threads(),
         )
-        return out[:n].tolist()
+        return out[:n].tolist(), probs[:n].tolist()

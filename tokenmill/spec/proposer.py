@@ -14,7 +14,10 @@ class Proposer(Protocol):
     def propose(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
         """Up to `max_tokens` drafted continuations of `token_ids` (may be none). A proposer
         with `needs_features = True` also gets `feature=`: the target's last hidden state. One
-        with a `lookup` proposer (not None) is asked only where that one drafts nothing."""
+        with a `lookup` proposer (not None) is asked only where that one drafts nothing. One
+        with `scores_drafts = True` is asked through `propose_scored(token_ids, max_tokens,
+        feature, min_chain_prob)` instead: (drafts, its probability of each), so the draft
+        policy sizes the chain by those (DraftPolicy.num_scored_drafts)."""
         ...
 
 

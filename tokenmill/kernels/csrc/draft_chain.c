@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "poly_exp.h"
 #include "projection.h"
 
 void tm_rmsnorm(const float* x, const float* w, int64_t M, int64_t K, float eps, float* out, int nthreads);
@@ -27,11 +28,20 @@ typedef struct {  // mirrors DraftChainWeights in tokenmill/spec/native_chain.py
     Projection readout;  // the target's lm_head rows for draft_vocab_ids (rows >= draft_vocab)
 } DraftChainWeights;
 
+// The head's probability of its pick: softmax over the draft vocabulary at the argmax.
+static float pick_probability(const float* logits, int64_t n, float top) {
+    float sum = 0.0f;
+    for (int64_t v = 0; v < n; v++) sum += poly_expf(logits[v] - top);
+    return 1.0f / sum;
+}
+
 // feature: [hidden], the target's last hidden state, replaced by the last predicted feature.
-// Returns how many drafts were written to `drafts` (k, or fewer where a token id is out of
-// range or a readout is not finite).
+// Each draft's probability under the head goes to `probs`; the chain stops before a draft
+// whose probability times those before it falls below `min_chain_prob` (no verification row
+// would pay for it). Returns how many drafts were written (k or fewer; also fewer where a
+// token id is out of range or a readout is not finite).
 int64_t tm_draft_chain(const DraftChainWeights* w, float* feature, int64_t token, int64_t k,
-                       int64_t* drafts, int nthreads) {
+                       int64_t* drafts, float* probs, float min_chain_prob, int nthreads) {
     const int64_t H = w->hidden, I = w->intermediate;
     float* x = malloc(sizeof(float) * (size_t)(2 * H));
     float* h = malloc(sizeof(float) * (size_t)H);
@@ -39,6 +49,7 @@ int64_t tm_draft_chain(const DraftChainWeights* w, float* feature, int64_t token
     float* act = malloc(sizeof(float) * (size_t)I);
     float* logits = malloc(sizeof(float) * (size_t)w->readout.rows);
     int64_t n = 0;
+    float chain = 1.0f;
     for (; n < k; n++) {
         if (token < 0 || token >= w->vocab) break;
         tm_rmsnorm(feature, w->feature_norm, 1, H, w->head_eps, x, 1);
@@ -59,8 +70,12 @@ int64_t tm_draft_chain(const DraftChainWeights* w, float* feature, int64_t token
             }
         }
         if (best < 0 || !isfinite(top)) break;
+        const float p = pick_probability(logits, w->draft_vocab, top);
+        chain *= p;
+        if (chain < min_chain_prob) break;
         token = w->draft_vocab_ids[best];
         drafts[n] = token;
+        probs[n] = p;
     }
     free(x);
     free(h);
