@@ -578,6 +578,15 @@ def test_a_proposer_s_drafting_time_counts_against_its_drafts():
     policy.drafted("lookup", 0, 0.001)  # a lookup that found nothing: time spent, no cost
     assert policy.draft_costs["lookup"].per_draft() == 0.0
     assert policy.drafting == pytest.approx(0.001)  # this step's drafting time so far
+    # a slow first chain (a cold start) prices the head out; unasked, the verdict expires
+    slow = policy.draft_costs["proposer"]
+    slow.observe(1, 0.050)
+    assert policy.num_drafts(0.6, 7, slow.per_draft()) == 0
+    for _ in range(FRESH_STEPS - 1):
+        slow.idle()
+    assert slow.per_draft() > 0.004
+    slow.idle()
+    assert slow.per_draft() == 0.0 and policy.num_drafts(0.6, 7, slow.per_draft()) > 0
 
 
 def test_a_head_s_drafts_are_sized_by_their_calibrated_probabilities():
@@ -609,6 +618,14 @@ def test_a_head_s_drafts_are_sized_by_their_calibrated_probabilities():
     assert cal.best_rate() == cal.rate(0.99)
     cal.record([0.95, 0.95, 0.15], 0)  # only the first draft was tested: a failure
     assert cal.trials[1] == 0.0  # the untested 0.1-0.2 draft counts nowhere
+    # a head that stopped paying everywhere (copying): not drafting, the evidence fades
+    for _ in range(300):
+        for b in range(10):
+            cal.record([b / 10 + 0.05], 0)
+    assert policy.num_drafts(cal.best_rate(), 7) == 0
+    for _ in range(1000):
+        cal.idle()
+    assert policy.num_drafts(cal.best_rate(), 7) > 0  # tried again
     fixed = DraftPolicy(times, adaptive=False)
     fixed.start_step(1)
     assert fixed.num_scored_drafts([0.1, 0.1]) == 2

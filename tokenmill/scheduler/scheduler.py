@@ -245,6 +245,9 @@ class Scheduler:
         room = policy.num_drafts(rate, room, cost)  # no drafting where none would pay
         if room <= 0:
             policy.idle(own)
+            policy.draft_costs["proposer"].idle()
+            if scored:
+                policy.calibration.idle()
             return []
         if scored:
             return self._scored_drafts(request, room)

@@ -112,18 +112,30 @@ class StepTimes:
 
 
 class DraftCost:
-    """A proposer's recent drafting seconds per drafted token (decayed mean; 0 until seen)."""
+    """A proposer's recent drafting seconds per drafted token (decayed mean; 0 until seen).
+    A verdict expires as step times do: FRESH_STEPS request-steps without drafting forget it,
+    so one slow first chain (a cold start beside other busy processes) cannot price the
+    proposer out for good (it would never draft, so never be measured again)."""
 
-    __slots__ = ("seconds", "drafts")
+    __slots__ = ("seconds", "drafts", "idle_steps")
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self.drafts = 0.0
+        self.idle_steps = 0
 
     def observe(self, drafts: int, seconds: float) -> None:
         if drafts > 0:
             self.seconds = _DRAFT_COST_DECAY * self.seconds + seconds
             self.drafts = _DRAFT_COST_DECAY * self.drafts + drafts
+            self.idle_steps = 0
+
+    def idle(self) -> None:
+        """A request-step the proposer was not asked (its drafts would not pay)."""
+        self.idle_steps += 1
+        if self.idle_steps >= FRESH_STEPS:
+            self.seconds = self.drafts = 0.0
+            self.idle_steps = 0
 
     def per_draft(self) -> float:
         return self.seconds / self.drafts if self.drafts else 0.0
@@ -296,6 +308,15 @@ class Calibration:
     def best_rate(self) -> float:
         """The acceptance of the most confident drafts: the most a draft can be worth."""
         return max(self.rate((b + 0.5) / CONFIDENCE_BINS) for b in range(CONFIDENCE_BINS))
+
+    def idle(self, decay: float = _SERVER_IDLE_DECAY) -> None:
+        """A request-step without the head's drafts (none would pay): the evidence fades
+        toward the priors, so a head that stopped paying (on copying, say) is tried again
+        once the traffic may have changed, instead of never drafting (and never measuring)
+        again."""
+        for b in range(CONFIDENCE_BINS):
+            self.trials[b] *= decay
+            self.accepted[b] *= decay
 
     def record(self, probs: list[float], accepted: int) -> None:
         """A chain with these probabilities was verified; its first `accepted` drafts passed."""
