@@ -265,13 +265,15 @@ class Scheduler:
         the first draft the grammar rejects, then sized by the drafts' calibrated
         probabilities."""
         policy = self.draft_policy
+        if request.spec_feature is None:  # nothing to draft from (not a drafting cost)
+            return []
         start = time.perf_counter()
         drafts, probs = self.proposer.propose_scored(
             request.all_token_ids, room, request.spec_feature, policy.min_chain_prob()
         )
+        # a chain stopped before its first draft still ran the head once
         policy.drafted("proposer", max(len(drafts), 1), time.perf_counter() - start)
-        if drafts and request.grammar is not None:
-            drafts = drafts[: request.grammar.validate_tokens(drafts)]
+        drafts = self._within_grammar(request, drafts)
         k = policy.num_scored_drafts(probs[: len(drafts)])
         if k:
             policy.commit_scored(probs, k)
@@ -295,11 +297,17 @@ class Scheduler:
         self.draft_policy.drafted(source, len(drafts), time.perf_counter() - start)
         return drafts
 
+    @staticmethod
+    def _within_grammar(request: Request, drafts: list[int]) -> list[int]:
+        """The drafts up to the first one the request's grammar (if any) rejects."""
+        if drafts and request.grammar is not None:
+            return drafts[: request.grammar.validate_tokens(drafts)]
+        return drafts
+
     def _paying(self, request: Request, source: str, drafts: list[int]) -> list[int]:
         """The drafts up to the first one the request's grammar rejects, and of those as many
         as pay at the source's acceptance; the request remembers where they came from."""
-        if drafts and request.grammar is not None:
-            drafts = drafts[: request.grammar.validate_tokens(drafts)]
+        drafts = self._within_grammar(request, drafts)
         acceptance = request.spec_acceptance[source]
         rate = self.draft_policy.acceptance(acceptance, source)
         k = self.draft_policy.num_drafts(rate, len(drafts))
