@@ -179,3 +179,43 @@ def test_without_ray_the_ray_path_says_how_to_get_it(monkeypatch):
         RayLauncher(RayConfig())
     with pytest.raises(ValueError, match="strategy"):
         RayConfig(strategy="RANDOM")
+
+
+def test_ray_workers_bind_the_router_s_host_on_a_cluster_of_this_machine_alone():
+    pytest.importorskip("ray")
+    from tokenmill.cluster.ray_config import RayConfig
+    from tokenmill.cluster.ray_launcher import RayLauncher
+    from tokenmill.router.cli import ray_worker_host
+
+    assert ray_worker_host(RayConfig(), "127.0.0.1") == "127.0.0.1"  # `--ray auto`
+    assert ray_worker_host(RayConfig(), "0.0.0.0") is None  # the node's address
+    assert ray_worker_host(RayConfig(address="10.0.0.2:6379"), "127.0.0.1") is None
+
+    calls = []
+
+    class Actor:
+        _actor_id = type("Id", (), {"hex": lambda self: "a1"})()
+
+    class ActorClass:
+        def options(self, **_):
+            return self
+
+        def remote(self, *args, **kwargs):
+            calls.append((args, kwargs))
+            return Actor()
+
+    launcher = object.__new__(RayLauncher)  # no Ray started: the actor's arguments only
+    launcher.config, launcher.log_level, launcher.api_key = RayConfig(), "WARNING", "k" * 43
+    launcher.host, launcher.gpus, launcher.actor_cls = "127.0.0.1", 0.0, ActorClass()
+    launcher.run_id, launcher._ids, launcher.workers = "r", itertools.count(), []
+    launcher._place = lambda shapes: [(None, i) for i in range(len(shapes))]
+    import ray.util.scheduling_strategies as strategies
+
+    real = strategies.PlacementGroupSchedulingStrategy
+    strategies.PlacementGroupSchedulingStrategy = lambda *a: None
+    try:
+        launcher.start_many([WorkerRequest("both")])
+    finally:
+        strategies.PlacementGroupSchedulingStrategy = real
+    [(args, kwargs)] = calls
+    assert args[3] == "k" * 43 and kwargs == {"host": "127.0.0.1"}

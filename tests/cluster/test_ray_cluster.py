@@ -86,6 +86,19 @@ def test_replicas_on_both_nodes_serve_like_one_local_replica(ray_cluster):
 
 
 @pytest.mark.slow
+def test_replicas_answer_only_the_router_s_key(ray_cluster):
+    """Workers bind the node's network address (other nodes must reach them): each requires
+    the cluster's replica key (generated: none was given), which only the router presents."""
+    import httpx
+
+    for w in ray_cluster.workers():
+        direct = httpx.get(w["url"] + "/v1/models", timeout=10)
+        assert direct.status_code == 401, (w["url"], direct.text)
+        spoofed = httpx.get(w["url"] + "/v1/models", headers={"Authorization": "Bearer x"})
+        assert spoofed.status_code == 401
+    assert httpx.get(ray_cluster.url + "/v1/models", timeout=10).status_code == 200
+
+
 def test_a_killed_replica_actor_is_restarted_and_rejoins(ray_cluster):
     c = ray_cluster
     c.wait(lambda: c.serving(2), 120, "2 replicas before the kill")

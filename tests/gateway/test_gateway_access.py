@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -131,21 +132,35 @@ def test_tokens_per_minute(harness):
     run(main())
 
 
-def test_budget_stops_spend(harness):
+def test_budget_is_a_hard_stop_under_concurrency(harness):
+    """Each request reserves the most it can cost (body bytes as prompt tokens, max_tokens
+    as output); one is admitted only when that fits beside what was spent and reserved, so
+    concurrent requests never spend past the budget."""
+
     async def main():
-        # prices: $1 / $2 per million input / output tokens; each request costs ~1e-5
-        key, key_id = await harness.new_key(budget_usd=0.0001, budget_period="day")
-        codes = []
+        # prices: $1 / $2 per million input / output tokens; each request reserves ~1e-4
+        # (~70 body bytes, 8 output tokens) and costs ~2e-5 (the fake's usage)
+        budget = 0.0003
+        key, key_id = await harness.new_key(budget_usd=budget, budget_period="day")
+        body = {**CHAT, "max_tokens": 8}
         async with harness.client(key) as c:
-            for _ in range(40):
-                codes.append((await c.post("/v1/chat/completions", json=CHAT)).status_code)
-        assert 200 in codes and codes[-1] == 429
-        first_429 = codes.index(429)
-        assert set(codes[first_429:]) == {429}
+            replies = await asyncio.gather(
+                *[c.post("/v1/chat/completions", json=body) for _ in range(40)]
+            )
+            codes = [r.status_code for r in replies]
+            assert 200 in codes and 429 in codes and set(codes) == {200, 429}
+            refused = next(r for r in replies if r.status_code == 429).json()["error"]
+            assert refused["code"] == "budget_exceeded" and refused["type"] == "insufficient_quota"
+            later = [(await c.post("/v1/chat/completions", json=body)).status_code
+                     for _ in range(20)]  # fmt: skip
+            assert later[-1] == 429
+            # one that could cost more than what is left is refused even alone
+            big = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 10**6})
+            assert big.status_code == 429 and "may cost up to" in big.json()["error"]["message"]
         rows = harness.ledger_rows()
         spent = sum(r[5] for r in rows if r[1] == key_id)
-        one = max(r[5] for r in rows)
-        assert 0.0001 <= spent < 0.0001 + one  # stopped at the first request past the budget
+        reserve = (len(json.dumps(body, separators=(",", ":"))) + 8 * 2) / 1e6
+        assert budget - 1.5 * reserve < spent <= budget  # admitted while a reservation fit
 
     run(main())
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from tests.gateway.harness import make_harness
+from tests.gateway.harness import make_harness, write_config
 from tokenmill.gateway.config import parse_gateway_config
 from tokenmill.gateway.errors import GatewayConfigError
 
@@ -137,3 +137,78 @@ def test_the_readme_example_config_is_valid(tmp_path):
         "support-bot" in config.tool_policies
         and config.price("SmolLM2-135M-Instruct").output == 0.08
     )
+
+
+def test_a_key_s_tool_policy_must_be_defined_where_it_is_made(tmp_path):
+    config = write_config(tmp_path, {"tool_policies": {"strict": {"allow": ["get_weather"]}}})
+    made = tm("keys", "create", "--gateway-config", str(config), "--tool-policy", "strict")
+    assert made.returncode == 0, made.stderr
+    key_id = json.loads(made.stdout)["id"]
+    for action in (("create",), ("update", key_id)):
+        out = tm("keys", *action, "--gateway-config", str(config), "--tool-policy", "strcit")
+        assert out.returncode == 2 and "no policy named 'strcit'" in out.stderr, out.stderr
+        assert "strict" in out.stderr  # the defined ones are named
+        # without the config the name cannot be checked: refused, not stored unchecked
+        db = str(tmp_path / "gateway.sqlite3")
+        out = tm("keys", *action, "--database", db, "--tool-policy", "strict")
+        assert out.returncode == 2 and "--gateway-config" in out.stderr, out.stderr
+    shown = json.loads(tm("keys", "show", key_id, "--gateway-config", str(config)).stdout)
+    assert shown["tool_policy"] == "strict"
+
+
+def test_an_undefined_tool_policy_refuses_every_tool_call():
+    from tokenmill.gateway.tool_policy import check_tool_call
+
+    config = parse_gateway_config(
+        {"database": "x.sqlite3", "tool_policies": {"open": {}}, "default_tool_policy": "open"}
+    )
+    assert config.tool_policy(None) is config.tool_policies["open"]  # the default
+    gone = config.tool_policy("removed-by-a-reload")
+    tools = {"get_weather": {"type": "object"}}
+    assert not check_tool_call(gone, tools, "get_weather", "{}").allowed
+    assert check_tool_call(config.tool_policy("open"), tools, "get_weather", "{}").allowed
+    assert parse_gateway_config({"database": "x.sqlite3"}).tool_policy(None) is None
+
+
+def test_cli_revoke_reaches_a_running_router(tmp_path):
+    """`tokenmill router --gateway-config` as users start it, with no replica up (the key
+    check comes first: a live key gets 503 'no healthy replica', a revoked one 401)."""
+    import os
+    import signal
+
+    import httpx
+
+    from tokenmill.router.cluster import free_port
+
+    config = write_config(tmp_path)
+    port = free_port()
+    log = tmp_path / "router.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenmill.cli", "router", "--port", str(port),
+             "--replica", f"http://127.0.0.1:{free_port()}", "--gateway-config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ},
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/v1/models"
+    try:
+        made = json.loads(tm("keys", "create", "--gateway-config", str(config)).stdout)
+
+        def status() -> int | None:
+            assert proc.poll() is None, log.read_text()
+            try:
+                return httpx.get(url, headers={"Authorization": f"Bearer {made['key']}"}).status_code
+            except httpx.HTTPError:
+                return None
+
+        deadline = time.monotonic() + 60
+        while status() != 503:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert tm("keys", "revoke", made["id"], "--gateway-config", str(config)).returncode == 0
+        t0 = time.monotonic()
+        while status() != 401:
+            assert time.monotonic() - t0 < 3.0, log.read_text()
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

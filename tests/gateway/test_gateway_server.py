@@ -9,6 +9,8 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -132,8 +134,15 @@ def test_redact_and_audit_on_model_output(gw, stream):
     assert json.loads(text) == {"v": "Paris"}  # audit: untouched
     with admin(gw) as a:
         events = a.get("/admin/guardrail_events", params={"key_id": key_id}).json()["data"]
+        dashboard = a.get("/admin/guardrail_events").text
+    # the ledger keeps the kind of match and a masked form, never the redacted text
     assert sorted((e["rule"], e["action"], e["matched_text"]) for e in events) == [
-        ("audit-paris", "audit", "Paris"), ("emails", "redact", EMAIL)]  # fmt: skip
+        ("audit-paris", "audit", "audit-paris: … (5 chars)"),
+        ("emails", "redact", f"email: j…m ({len(EMAIL)} chars)")]  # fmt: skip
+    assert EMAIL not in dashboard
+    database = (gw.tmp / "gw.sqlite3").read_bytes()
+    journal = b"".join(p.read_bytes() for p in (gw.tmp / "journal").rglob("*") if p.is_file())
+    assert EMAIL.encode() not in database + journal
 
 
 def test_input_block_and_fallback(gw):
@@ -448,3 +457,75 @@ def test_ledger_equals_client_usage_over_500_mixed_requests(gw):
         200,
     }  # a very short answer may finish before the client leaves
     assert sum(u[2] for u in told.values()) == sum(got[rid][2] for rid in told)
+
+
+# ---------------------------------------------------------------- the CLI beside a running serve
+
+
+def tm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tokenmill.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def within(seconds: float, check) -> float:
+    """Seconds until `check()` held (fails past `seconds`)."""
+    t0 = time.monotonic()
+    while not check():
+        assert time.monotonic() - t0 < seconds, f"not within {seconds} s"
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def reloads(gw) -> float:
+    metrics = httpx.get(f"{gw.base_url}/metrics").text
+    line = 'tokenmill:gateway_config_reloads_total{result="ok"} '
+    return sum(float(x[len(line):]) for x in metrics.splitlines() if x.startswith(line))
+
+
+def forced_call(gw, key: str, tool: str):
+    return client(gw, key).chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=60, tools=TOOLS,
+        messages=[{"role": "user", "content": "Do it."}],
+        tool_choice={"type": "function", "function": {"name": tool}},
+    ).choices[0].message  # fmt: skip
+
+
+def test_cli_keys_and_config_edits_reach_a_running_serve(gw):
+    """As a user runs it: `tokenmill keys create/revoke --gateway-config` beside a running
+    `tokenmill serve --gateway-config`, effective within key_refresh_s (1 s by default; 3 s
+    allowed here); edits to the config file applied without a restart; a key whose tool
+    policy a reload removes has its tool calls refused (fails closed)."""
+    config_path = gw.tmp / "gateway.yaml"
+    original = config_path.read_text()
+    out = tm("keys", "create", "--gateway-config", str(config_path), "--name", "cli")
+    assert out.returncode == 0, out.stderr
+    secret, key_id = json.loads(out.stdout)["key"], json.loads(out.stdout)["id"]
+
+    def status(key: str) -> int:
+        return httpx.get(f"{gw.v1}/models", headers={"Authorization": f"Bearer {key}"}).status_code
+
+    within(3.0, lambda: status(secret) == 200)
+    assert tm("keys", "revoke", key_id, "--gateway-config", str(config_path)).returncode == 0
+    within(3.0, lambda: status(secret) == 401)
+
+    # a policy added by an edit: a key made for it (the CLI checks the name against the file)
+    edited = yaml.safe_load(original)
+    edited["tool_policies"]["any-tool"] = {"refusal": "unused"}
+    before = reloads(gw)
+    config_path.write_text(yaml.safe_dump(edited))
+    try:
+        within(5.0, lambda: reloads(gw) > before)
+        out = tm("keys", "create", "--gateway-config", str(config_path), "--tool-policy", "any-tool")
+        assert out.returncode == 0, out.stderr
+        key = json.loads(out.stdout)["key"]
+        within(3.0, lambda: status(key) == 200)
+        assert forced_call(gw, key, "delete_files").tool_calls[0].function.name == "delete_files"
+        # the policy removed from the file: the key's tool calls are refused, not let through
+        before = reloads(gw)
+        config_path.write_text(original)
+        within(5.0, lambda: reloads(gw) > before)
+        refused = forced_call(gw, key, "delete_files")
+        assert not refused.tool_calls and "policy is not defined" in refused.content
+    finally:
+        config_path.write_text(original)

@@ -96,8 +96,17 @@ def test_migrate_upgrades_step_by_step(db_url: str) -> None:
     db = open_database(db_url)
     assert migrate(db, target=1) == (0, 1)
     assert "usage_key_created" in indexes(db) and "usage_created" not in indexes(db)
-    assert migrate(db) == (1, 2)
+    assert migrate(db, target=2) == (1, 2)
     assert "usage_created" in indexes(db)
+    # v3 erases the matched text that guardrail events stored before it
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO guardrail_events (request_id, key_id, seq, stage, rule, action, "
+            "matched_text, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            ("r1", "k1", 0, "input", "emails", "redact", "jane.doe@example.com", 1.0),
+        )
+    assert migrate(db) == (2, 3)
+    assert db.fetchall("SELECT rule, matched_text FROM guardrail_events") == [("emails", None)]
     with pytest.raises(ValueError):
         migrate(db, target=LATEST_VERSION + 1)
     db.close()

@@ -112,12 +112,16 @@ class RayLauncher(Launcher):
     name = "ray"
 
     def __init__(
-        self, config: RayConfig, log_level: str = "WARNING", api_key: str | None = None
+        self, config: RayConfig, log_level: str = "WARNING", api_key: str | None = None,
+        host: str | None = None,
     ) -> None:
+        """`api_key`: the key every worker requires (the router presents it). `host`: the
+        address workers bind to (None: each node's address, reachable from other nodes)."""
         ray = self.ray = import_ray()
         self.config = config
         self.log_level = log_level
         self.api_key = api_key
+        self.host = host
         init = {"namespace": config.namespace, "logging_level": logging.WARNING}
         if config.address == AUTO:
             ray.init(
@@ -206,7 +210,10 @@ class RayLauncher(Launcher):
                 max_restarts=self.config.max_restarts,
                 max_concurrency=4,  # info() answers while stop() drains
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot[0], slot[1]),
-            ).remote(request.serve_argv(), request.threads, self.log_level, self.api_key)
+            ).remote(
+                request.serve_argv(), request.threads, self.log_level, self.api_key,
+                host=self.host,
+            )
             worker = RayWorker(wid, request, actor, slot, self)
             self.workers.append(worker)
             out.append(worker)

@@ -76,10 +76,29 @@ def _spec(args: argparse.Namespace):
     if args.expires_in is not None:
         raw["expires_at"] = time.time() + _duration(args.expires_in)
     try:
-        return KeySpec.model_validate(raw)
+        spec = KeySpec.model_validate(raw)
     except ValidationError as e:
         first = e.errors()[0]
         raise ValueError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    if spec.tool_policy is not None:
+        _check_policy(args, spec.tool_policy)
+    return spec
+
+
+def _check_policy(args: argparse.Namespace, name: str) -> None:
+    """A key's tool policy must be one the config defines (as the admin API checks): a name
+    the gateway does not know would refuse every tool call of the key."""
+    from tokenmill.gateway.config import load_gateway_config
+
+    if not args.gateway_config:
+        raise ValueError(
+            "--tool-policy: give --gateway-config FILE (the policy is checked against its "
+            "tool_policies)"
+        )
+    policies = load_gateway_config(args.gateway_config).tool_policies
+    if name not in policies:
+        known = ", ".join(sorted(policies)) or "none"
+        raise ValueError(f"--tool-policy: no policy named {name!r} in the config (defined: {known})")
 
 
 def _show(obj) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from tokenmill.cache_dirs import cache_root
 from tokenmill.gateway.errors import GatewayConfigError
 from tokenmill.gateway.guardrails import GuardrailsConfig, parse_guardrails
-from tokenmill.gateway.tool_policy import ToolPolicy, parse_tool_policy
+from tokenmill.gateway.tool_policy import UNDEFINED_POLICY, ToolPolicy, parse_tool_policy
 
 MAX_CONFIG_BYTES = 1 << 20
 ADMIN_KEY_ENV = "TOKENMILL_ADMIN_KEY"
@@ -67,7 +67,14 @@ class GatewayConfig:
         return self.prices.get(model, self.default_price)
 
     def tool_policy(self, name: str | None) -> ToolPolicy | None:
-        return self.tool_policies.get(name or self.default_tool_policy or "")
+        """The key's policy; the default when it names none (None: no policy). A name this
+        config does not define (removed by a reload, or written around the checks) fails
+        closed: every tool call is refused."""
+        name = name or self.default_tool_policy
+        if name is None:
+            return None
+        policy = self.tool_policies.get(name)
+        return policy if policy is not None else UNDEFINED_POLICY
 
 
 _TOP_KEYS = {

@@ -12,6 +12,7 @@ from typing import Any
 
 from tokenmill.gateway.endpoints.common import ExchangeContext, blocked_message
 from tokenmill.gateway.guardrails import check_input
+from tokenmill.gateway.guardrails.decision import masked
 from tokenmill.gateway.jsonio import dumps, loads
 from tokenmill.gateway.limits import Admission, Rejection
 from tokenmill.gateway.sse import Event, SSEParser
@@ -134,7 +135,8 @@ class Exchange:
         )
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             max_tokens = _ESTIMATE_MAX_TOKENS
-        estimate = price.cost(self.body_size // 4, 0, min(max_tokens, 1 << 20))
+        # the most it can cost: a prompt has at most one token per byte of its body
+        estimate = price.cost(self.body_size, 0, min(max_tokens, 1 << 20))
         verdict = self.gw.limiter.admit(key, self.config.defaults, estimate)
         if isinstance(verdict, Rejection):
             headers = (
@@ -337,7 +339,8 @@ class Exchange:
         for seq, d in enumerate(ctx.decisions):
             gw.metrics.guardrail.labels(d.rule, d.stage, d.action).inc()
             gw.record(GuardrailEvent(request_id=self.request_id, key_id=key.id, seq=seq, stage=d.stage,
-                                     rule=d.rule, action=d.action, matched_text=d.matched_text, created=now))  # fmt: skip
+                                     rule=d.rule, action=d.action, matched_text=f"{d.label}: {masked(d.matched_text)}",
+                                     created=now))  # fmt: skip
         for seq, call in enumerate(ctx.tool_calls):
             gw.metrics.tool_calls.labels("allowed" if call.allowed else "refused").inc()
             gw.record(ToolCallEvent(request_id=self.request_id, key_id=key.id, seq=seq, tool_name=call.name,

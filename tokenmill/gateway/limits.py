@@ -4,10 +4,11 @@ USD budget per period with a hard stop.
 Admission runs on the event loop with no await between check and take, so N concurrent
 requests against a limit of M admit exactly M. Tokens are known only at the end: a request
 is admitted while the tokens/min bucket is above zero and charged its real usage when it
-ends (the bucket may go below zero; later requests then wait). The budget counts what was
-spent in the period (the ledger's sum, loaded once per key and period, then kept here) plus
-a reservation for every request in flight (its prompt estimate and max_tokens at the key's
-prices), so parallel requests cannot overshoot it by more than one estimate's error.
+ends (the bucket may go below zero; later requests then wait). The budget is a hard stop:
+a request is admitted only when what was spent in the period (the ledger's sum, loaded once
+per key and period, then kept here), the reservations of the requests in flight and its own
+reservation (the most it can cost: its body's bytes as prompt tokens, at most one token a
+byte, plus its max_tokens at the key's prices) fit in the budget.
 Limits are per gateway process."""
 
 from __future__ import annotations
@@ -122,14 +123,20 @@ class Limiter:
                 "parallel_limit",
                 retry_after=1,
             )
-        if key.budget_usd is not None and usage.spent + usage.reserved >= key.budget_usd:
-            period = key.budget_period or "total"
-            return Rejection(
-                429,
-                f"this key's budget of ${key.budget_usd:g} per {period} is spent",
-                "budget_exceeded",
-                "insufficient_quota",
-            )
+        if key.budget_usd is not None:
+            left = key.budget_usd - usage.spent - usage.reserved
+            if estimate_usd > left or left <= 0:
+                period = key.budget_period or "total"
+                spent = "is spent" if left <= 0 else (
+                    f"has ${max(left, 0.0):.6g} left, and this request may cost up to "
+                    f"${estimate_usd:.6g}"
+                )  # fmt: skip
+                return Rejection(
+                    429,
+                    f"this key's budget of ${key.budget_usd:g} per {period} {spent}",
+                    "budget_exceeded",
+                    "insufficient_quota",
+                )
         for bucket_attr, limit, amount, what in (
             ("rpm", rpm, 1.0, "requests"),
             ("tpm", tpm, 1e-9, "tokens"),

@@ -2,7 +2,8 @@
 open paths pass; /admin and /v1/usage are answered here; every other path needs a live key
 (401 otherwise, in the OpenAI envelope); generation requests go through an Exchange. The web
 UI's data (/ui/api/...) also takes the admin key, so its dashboard can show the admin API,
-and so does a router's cluster control (/cluster...)."""
+and so does a router's cluster control (/cluster...). The gateway's background tasks (key
+refresh, config reload) belong to the app's lifespan, which starts and stops them."""
 
 from __future__ import annotations
 
@@ -37,8 +38,6 @@ class GatewayMiddleware:
         self.admin = build_admin_app(gateway)
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            return await self.app(scope, self._lifespan_receive(receive), send)
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         gw = self.gateway
@@ -76,17 +75,6 @@ class GatewayMiddleware:
             headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
             return await self.app({**scope, "headers": headers}, receive, send)
         await Exchange(gw, adapter, scope, receive, send, state.key).run()
-
-    def _lifespan_receive(self, receive):
-        async def wrapped():
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await self.gateway.start()
-            elif message["type"] == "lifespan.shutdown":
-                await self.gateway.stop()
-            return message
-
-        return wrapped
 
 
 async def _unauthorized(send, message: str) -> None:

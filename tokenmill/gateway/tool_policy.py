@@ -33,6 +33,13 @@ class ToolPolicy:
     refusal: str = DEFAULT_REFUSAL
 
 
+# what a key whose policy the config does not define gets: every tool call refused
+UNDEFINED_POLICY = ToolPolicy(
+    allow=frozenset(),
+    refusal="The requested tool call was blocked: this key's tool policy is not defined.",
+)
+
+
 @dataclass(frozen=True)
 class ToolCallVerdict:
     allowed: bool

@@ -92,12 +92,14 @@ def build_router_app(
     protect_metrics: bool = False,
     gateway_config: str | None = None,
     cluster: ClusterManager | None = None,
+    replica_key: str | None = None,
 ) -> FastAPI:
     """`transport` replaces the network to the replicas (tests). With `api_key`, clients
-    need it, and the router presents it to the replicas (one key for the cluster). With
-    `gateway_config`, clients present gateway keys instead (the replicas still get
-    `api_key`). With `cluster`, the router follows its workers as they join, restart and
-    leave, and serves `/cluster` and `/cluster/scale`."""
+    need it. The router presents `replica_key` to the replicas (default: `api_key`, one key
+    for the cluster) on every request, health checks included. With `gateway_config`,
+    clients present gateway keys instead. With `cluster`, the router follows its workers as
+    they join, restart and leave, and serves `/cluster` and `/cluster/scale`."""
+    replica_key = replica_key if replica_key is not None else api_key
     config = router.config
     admission = Admission(config.max_in_flight, config.max_queue, config.queue_timeout_s)
     holder: dict[str, Any] = {}
@@ -116,7 +118,10 @@ def build_router_app(
         timeout = httpx.Timeout(
             connect=config.connect_timeout_s, read=config.read_timeout_s, write=30.0, pool=None
         )
-        client = httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport)
+        auth = {"authorization": f"Bearer {replica_key}"} if replica_key is not None else None
+        client = httpx.AsyncClient(
+            limits=limits, timeout=timeout, transport=transport, headers=auth
+        )
         holder["client"] = client
         holder["workers"] = CPUWorkers(config.prompt_threads)
         checks: dict[str, asyncio.Task] = {}
@@ -132,18 +137,23 @@ def build_router_app(
             checks[name] = task
             task.add_done_callback(lambda _: checks.pop(name, None))
 
-        holder["proxy"] = Proxy(router, client, suspect, api_key)
+        holder["proxy"] = Proxy(router, client, suspect, replica_key)
         router.start_events()
         task = asyncio.create_task(health_loop(router, client))
         tasks = [task]
         if cluster is not None:
             cluster.attach(router)
             tasks.append(asyncio.create_task(cluster.run()))
+        gateway = getattr(app.state, "gateway", None)
+        if gateway is not None:  # key refresh and config reload run while the app serves
+            await gateway.start()
         sampler.start()
         try:
             yield
         finally:
             await sampler.stop()
+            if gateway is not None:
+                await gateway.stop()
             pending = [*tasks, *checks.values()]
             for t in pending:
                 t.cancel()
@@ -168,7 +178,9 @@ def build_router_app(
             APIKeyMiddleware, api_key=api_key, open_paths=open_paths(protect_metrics)
         )
     # the pages load without a key, their data needs one
-    app.add_middleware(StaticUI, key_required=gateway_config is not None or api_key is not None)
+    app.add_middleware(
+        StaticUI, key_required=gateway_config is not None or api_key is not None
+    )
 
     if cluster is not None:
         from tokenmill.cluster.routes import add_cluster_routes
@@ -240,7 +252,7 @@ def build_router_app(
         body = await read_body(request, config.max_body_bytes)
         headers = upstream_headers(
             dict(request.headers), ("content-type", "authorization", "x-request-id"),
-            api_key=api_key,
+            api_key=replica_key,
         )  # fmt: skip
         healthy = router.healthy()
         turn[0] += 1
@@ -316,7 +328,7 @@ def build_router_app(
     async def reset_prefix_cache(request: Request):
         """Admin: resets every healthy replica's prefix cache (benchmarks start cold)."""
         client: httpx.AsyncClient = holder["client"]
-        headers = upstream_headers(dict(request.headers), ("authorization",), api_key=api_key)
+        headers = upstream_headers(dict(request.headers), ("authorization",), api_key=replica_key)
         out = {}
         for r in router.healthy():
             try:

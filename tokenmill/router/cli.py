@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import secrets
 import shlex
 import signal
 import sys
@@ -201,7 +202,8 @@ def ray_config(args: argparse.Namespace) -> RayConfig:
 def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None, host: str,
                port: int, log_decisions: bool = False, api_key: str | None = None,
                protect_metrics: bool = False, gateway_config: str | None = None,
-               cluster: ClusterManager | None = None) -> int:  # fmt: skip
+               cluster: ClusterManager | None = None,
+               replica_key: str | None = None) -> int:  # fmt: skip
     import asyncio
 
     import uvicorn
@@ -221,6 +223,7 @@ def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None
         protect_metrics=protect_metrics,
         gateway_config=gateway_config,
         cluster=cluster,
+        replica_key=replica_key,
     )
     logger.warning(
         "tokenmill router on http://%s:%d (%s%s) -> %s",
@@ -233,6 +236,17 @@ def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None
     signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn drains, then re-raises: exit 0
     asyncio.run(server.serve())
     return 0
+
+
+def ray_worker_host(ray: RayConfig, host: str) -> str | None:
+    """Where Ray workers bind: on a cluster of this machine alone (`--ray auto`), the
+    router's own --host (a wildcard: this node's address); on a multi-node cluster, each
+    node's address (None), which other nodes reach."""
+    from tokenmill.cluster.ray_config import AUTO
+
+    if ray.address != AUTO or host in ("0.0.0.0", "::", ""):
+        return None
+    return host
 
 
 def cmd_router(args: argparse.Namespace) -> int:
@@ -286,7 +300,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         from tokenmill.gateway.config import load_gateway_config
 
         load_gateway_config(args.gateway_config)
-    api_key = resolve_api_key(args.api_key, args.api_key_file)  # the replicas' too
+    api_key = resolve_api_key(args.api_key, args.api_key_file)
+    # the replicas always require a key, which the router presents: theirs are reached only
+    # through the router (and its gateway), never around it
+    replica_key = api_key or secrets.token_urlsafe(32)
     argv = engine_argv(args) + shlex.split(args.replica_args)
     level = logging.getLevelName(logging.getLogger().level)
     role_argv = {"prefill": shlex.split(args.prefill_args), "decode": shlex.split(args.decode_args)}
@@ -297,14 +314,14 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         threads = args.num_threads or (threads_per_replica(len(roles)) if ray.address == "auto"
                                        else 1)  # fmt: skip
         print(f"connecting to Ray ({ray.address}) ...", flush=True)
-        launcher = RayLauncher(ray, level, api_key)
+        launcher = RayLauncher(ray, level, replica_key, host=ray_worker_host(ray, args.host))
         where = f"Ray actors, {threads} CPU(s) each"
     else:
         from tokenmill.cluster.local import LocalLauncher
 
         threads = args.num_threads or threads_per_replica(len(roles))
         log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="tokenmill-cluster-"))
-        launcher = LocalLauncher(log_dir, log_level=level, api_key=api_key)
+        launcher = LocalLauncher(log_dir, log_level=level, api_key=replica_key)
         where = f"logs in {log_dir}"
 
     def request_for(role: str) -> WorkerRequest:
@@ -320,7 +337,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     try:
         return run_router(
             config, specs, args.model, args.host, args.port, args.log_decisions, api_key,
-            args.protect_metrics, args.gateway_config, cluster=manager,
+            args.protect_metrics, args.gateway_config, cluster=manager, replica_key=replica_key,
         )  # fmt: skip
     finally:
         codes = manager.stop_all()

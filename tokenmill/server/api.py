@@ -99,9 +99,14 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        gateway = getattr(app.state, "gateway", None)
+        if gateway is not None:  # key refresh and config reload run while the app serves
+            await gateway.start()
         sampler.start()
         yield
         await sampler.stop()
+        if gateway is not None:
+            await gateway.stop()
         state.draining = True
         await engine.shutdown()
         if state._compiler is not None:

@@ -70,6 +70,13 @@ class Decision:
         return f"The {what} was {verb} by guardrail policy '{self.rule}' ({self.label})."
 
 
+def masked(text: str) -> str:
+    """What the ledger keeps of a match: its length and, for 8 characters or more, its first
+    and last character (`j…m (20 chars)`), never the text a rule redacted or blocked."""
+    n = len(text)
+    return f"{text[0]}…{text[-1]} ({n} chars)" if n >= 8 else f"… ({n} chars)"
+
+
 def strongest(decisions: list[Decision] | tuple[Decision, ...]) -> Decision | None:
     """The decision that governs: highest precedence, then earliest text and offset."""
     if not decisions:

@@ -25,6 +25,7 @@ class Migration:
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "api_keys, usage, guardrail_events, tool_call_events", schema.V1),
     Migration(2, "time-range indexes", schema.V2),
+    Migration(3, "guardrail events keep a masked match, never the matched text", schema.V3),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -86,3 +86,7 @@ V2 = (
     "CREATE INDEX tool_call_events_key_created ON tool_call_events (key_id, created)",
     "CREATE INDEX api_keys_updated ON api_keys (updated)",
 )
+
+# v3: guardrail events store `label: masked match` (decision.masked); rows written before
+# held the matched text itself (an email a rule redacted), which is erased
+V3 = ("UPDATE guardrail_events SET matched_text = NULL",)
