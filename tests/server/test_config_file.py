@@ -109,14 +109,30 @@ def test_bad_files_are_clear_errors(tmp_path, capsys):
 
 def test_serve_runs_with_a_config_file(tmp_path):
     path = tmp_path / "serve.yaml"
-    path.write_text("served-model-name: [house-model]\nmax-num-seqs: 3\ndefault-max-tokens: 5\n")
-    server = start_server(tmp_path, "--config", str(path))
+    path.write_text(
+        "served-model-name: [house-model]\nmax-num-seqs: 3\ndefault-max-tokens: 5\n"
+        "max-num-batched-tokens: 640\nblock-size: 32\nno-prefix-caching: true\n"
+    )
+    server = start_server(tmp_path, "--config", str(path), "--api-key", "k" * 32)
+    auth = {"Authorization": "Bearer " + "k" * 32}
     try:
-        models = httpx.get(f"{server.v1}/models", timeout=10).json()["data"]
+        # /server_info reports every setting in force: the file's, the defaults, no secret
+        info = httpx.get(f"{server.base_url}/server_info", headers=auth, timeout=10).json()
+        engine, settings = info["config"]["engine"], info["config"]["server"]
+        assert engine["scheduler_config"]["max_num_seqs"] == 3
+        assert engine["scheduler_config"]["max_num_batched_tokens"] == 640
+        assert engine["scheduler_config"]["policy"] == "priority"  # serve's default, shown too
+        assert engine["cache_config"]["block_size"] == 32
+        assert engine["cache_config"]["enable_prefix_caching"] is False
+        assert engine["model_config"]["plan"]["scheme"] == "native"
+        assert settings["default_max_tokens"] == 5 and settings["api_key"] == "set"
+        assert "k" * 32 not in json.dumps(info)
+        models = httpx.get(f"{server.v1}/models", headers=auth, timeout=10).json()["data"]
         assert [m["id"] for m in models] == ["house-model"]
         r = httpx.post(
             f"{server.v1}/chat/completions",
             json={"model": "house-model", "messages": [{"role": "user", "content": "Hi"}]},
+            headers=auth,
             timeout=60,
         )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 5

@@ -22,6 +22,7 @@ from tokenmill.server.auth import APIKeyMiddleware
 from tokenmill.server.batch.routes import REQUEST_BODIES as BATCH_BODIES
 from tokenmill.server.batch.routes import add_batch_routes
 from tokenmill.server.body import parse_body, validation_error
+from tokenmill.server.effective_config import effective_config
 from tokenmill.server.errors import APIError, bad_request, error_body
 from tokenmill.server.openapi import add_request_bodies
 from tokenmill.server.protocol import (
@@ -314,6 +315,9 @@ def build_app(
             "engine": engine.engine_info,
             "speculative": engine.engine_info.get("speculative"),
             "in_flight": engine.num_in_flight,
+            "max_in_flight": engine.max_in_flight,
+            # every setting in force (serve --config FILE included), defaults too
+            "config": effective_config(getattr(engine, "config", None), settings),
             "kv_transfer_stats": engine.stats.kv_transfer,
             "uptime_s": round(time.time() - state.started, 1),
             "startup": {
