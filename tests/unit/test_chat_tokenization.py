@@ -86,10 +86,54 @@ def test_continue_final_message_with_escaped_content(files):
     assert control_ids(files, ids) == own  # the open assistant turn has no end
 
 
-@pytest.mark.parametrize("key", ["messages", "tools", "add_generation_prompt", "bos_token"])
+@pytest.mark.parametrize(
+    "key",
+    ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+     "raise_exception", "strftime_now", "namespace", "range"],
+)  # fmt: skip
 def test_template_variables_cannot_be_overridden(files, key):
     with pytest.raises(ChatTemplateError, match=f"chat_template_kwargs: {key}"):
         render_chat(
             files.chat_template, files.tokenizer, [{"role": "user", "content": "x"}],
             chat_template_kwargs={key: "boom"},
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("key", ["template", "variables", "source", "kwargs", "context"])
+def test_template_variables_never_collide_with_the_renderers_arguments(files, key):
+    template = type(files.chat_template)("{{ messages[0]['content'] }}|{{ " + key + " }}")
+    text, _ = render_chat(
+        template, files.tokenizer, [{"role": "user", "content": "x"}],
+        chat_template_kwargs={key: 7},
+    )  # fmt: skip
+    assert text == "x|7"
+
+
+def test_a_variable_named_self_renders(files):
+    """`self` was a TypeError (render() got multiple values for argument 'self'): a 500. In a
+    template `self` is jinja's own (the template's blocks), so the caller's is unused."""
+    text, _ = render_chat(
+        files.chat_template, files.tokenizer, [{"role": "user", "content": "x"}],
+        chat_template_kwargs={"self": 1},
+    )  # fmt: skip
+    assert text.startswith("<|im_start|>")
+
+
+def test_template_failures_on_a_callers_variables_are_template_errors(files):
+    """What a template does with a caller's values (divide, index) fails as a 400, never a
+    500 from an exception type the renderer did not expect."""
+    template = type(files.chat_template)("{{ 1 // n }}{{ messages[0]['content'] }}")
+    with pytest.raises(ChatTemplateError):
+        render_chat(
+            template, files.tokenizer, [{"role": "user", "content": "x"}],
+            chat_template_kwargs={"n": 0},
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("value", [5, "x", [1]])
+def test_template_variables_must_be_a_mapping(files, value):
+    with pytest.raises(ChatTemplateError, match="chat_template_kwargs: must be an object"):
+        render_chat(
+            files.chat_template, files.tokenizer, [{"role": "user", "content": "x"}],
+            chat_template_kwargs=value,
         )  # fmt: skip

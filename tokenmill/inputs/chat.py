@@ -11,6 +11,7 @@ Trusted callers may opt out (`special_tokens_in_content`).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from tokenmill.model.chat_template import ChatTemplate, ChatTemplateError
@@ -18,10 +19,6 @@ from tokenmill.model.tokenizer import Tokenizer
 
 # Marks a control-token string that came from the caller; a doubled mark is a literal one.
 _MARK = "\ue000"
-# Variables the renderer passes itself; chat_template_kwargs may not replace them.
-RESERVED_TEMPLATE_VARIABLES = frozenset(
-    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
-)
 
 
 def _escape_text(text: str, pattern: re.Pattern[str]) -> str:
@@ -78,6 +75,28 @@ def tokenize_rendered(text: str, tokenizer: Tokenizer) -> tuple[str, list[int]]:
     return "".join(shown), ids
 
 
+def template_variables(
+    template: ChatTemplate, chat_template_kwargs: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The caller's extra template variables; ChatTemplateError naming any key that would
+    replace one the renderer or the template environment sets itself."""
+    if chat_template_kwargs is None:
+        return {}
+    if not isinstance(chat_template_kwargs, Mapping):
+        raise ChatTemplateError("chat_template_kwargs: must be an object")
+    kwargs = dict(chat_template_kwargs)
+    bad = sorted(str(k) for k in kwargs if not isinstance(k, str))
+    if bad:
+        raise ChatTemplateError(f"chat_template_kwargs: keys must be strings, got {bad[0][:40]}")
+    clash = sorted(template.reserved_variables & kwargs.keys())
+    if clash:
+        raise ChatTemplateError(
+            f"chat_template_kwargs: {', '.join(clash)} cannot be set here (the server sets "
+            "them from the request or the template defines them)"
+        )
+    return kwargs
+
+
 def render_chat(
     template: ChatTemplate,
     tokenizer: Tokenizer,
@@ -92,19 +111,13 @@ def render_chat(
     conversation the template rejects."""
     if not isinstance(messages, list) or not messages:
         raise ChatTemplateError("messages: must be a non-empty list")
-    kwargs = dict(chat_template_kwargs or {})
-    clash = sorted(RESERVED_TEMPLATE_VARIABLES & kwargs.keys())
-    if clash:
-        raise ChatTemplateError(
-            f"chat_template_kwargs: {', '.join(clash)} cannot be set here (the server sets "
-            "them from the request)"
-        )
+    kwargs = template_variables(template, chat_template_kwargs)
     pattern = tokenizer.special_token_pattern
     if not special_tokens_in_content and pattern is not None:
         messages = _escaped_messages(messages, pattern)
         tools = _escape(tools, pattern) if tools else tools
         kwargs = _escape(kwargs, pattern)
-    text = template.render(messages, add_generation_prompt, tools, **kwargs)
+    text = template.render(messages, add_generation_prompt, tools, kwargs)
     if continue_final_message and messages[-1].get("role") == "assistant":
         # continue the assistant turn: cut the template's end-of-turn after its content
         last = messages[-1].get("content") or ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -13,6 +14,14 @@ DEFAULT_CHAT_TEMPLATE = (
     " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
     "{% endif %}"
 )
+
+
+# What the renderer sets itself (a caller's template variables may not replace them).
+RENDERER_VARIABLES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+)
+# A template's own failures for the values it was given (a 400, never a 500).
+_RENDER_ERRORS = (TypeError, KeyError, AttributeError, ValueError, ArithmeticError, IndexError)
 
 
 class ChatTemplateError(ValueError):
@@ -73,25 +82,36 @@ class ChatTemplate:
     def supports_tools(self) -> bool:
         return "tools" in self.source
 
+    @property
+    def reserved_variables(self) -> frozenset[str]:
+        """Names a caller's variables may not take: the renderer's own and the template
+        environment's globals (raise_exception, namespace, range, ...)."""
+        return RENDERER_VARIABLES | frozenset(self._template.globals)
+
     def render(
         self,
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
-        **kwargs: Any,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
+        """`variables`: extra template variables (chat_template_kwargs), one mapping so that
+        no key can collide with a parameter; the renderer's own values win over them."""
         from jinja2 import TemplateError
 
+        context = {
+            **(variables or {}),
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "tools": tools,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+        }
         try:
-            return self._template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                tools=tools,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-                **kwargs,
-            )
+            return self._template.render(context)
         except TemplateError as e:
             raise ChatTemplateError(f"chat template error: {e}") from e
-        except (TypeError, KeyError, AttributeError) as e:
+        except RecursionError as e:
+            raise ChatTemplateError("chat template error: nested too deeply") from e
+        except _RENDER_ERRORS as e:
             raise ChatTemplateError(f"messages do not fit the chat template: {e}") from e

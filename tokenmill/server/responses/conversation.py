@@ -195,5 +195,6 @@ def chat_request(req: ResponsesRequest, items: list[Item], model: str) -> ChatCo
         tool_choice=_tool_choice(req.tool_choice),
         parallel_tool_calls=req.parallel_tool_calls,
         response_format=_response_format(req),
+        chat_template_kwargs=req.chat_template_kwargs,
         **{name: getattr(req, name) for name in SamplingKnobs.model_fields},
     )

@@ -197,3 +197,5 @@ class ResponsesRequest(SamplingKnobs):
     truncation: Literal["auto", "disabled"] = "disabled"
     background: bool = False
     stream: bool = False
+    # extension (as chat's): extra variables for the chat template
+    chat_template_kwargs: dict[str, Any] | None = None
