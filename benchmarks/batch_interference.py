@@ -75,7 +75,7 @@ def stop_batch(v1: str, batch_id: str) -> int:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--num-requests", type=int, default=48)

@@ -180,7 +180,9 @@ def spread(values: list[float], unit: float = 1.0, fmt: str = "{:.2f}") -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter, allow_abbrev=False
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--markdown", default=None, metavar="PATH")

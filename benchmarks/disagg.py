@@ -333,7 +333,7 @@ LAYOUTS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="a short smoke run")
     ap.add_argument("--skip-serving", action="store_true")
     ap.add_argument("--skip-transfer", action="store_true")

@@ -136,7 +136,9 @@ def admission_ms(url: str) -> tuple[float, float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=32)

@@ -54,7 +54,7 @@ def run(config, deltas: list[str]) -> list[int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     chunkings = {

@@ -65,7 +65,7 @@ def print_table(title: str, runs: list[dict], baseline: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="smaller workloads (smoke run)")
     ap.add_argument("--no-llama-server", action="store_true")
     ap.add_argument("--out", default=None)

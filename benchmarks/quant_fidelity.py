@@ -110,7 +110,7 @@ def _cells(fig: dict | None) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--chunks", type=int, default=5)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))

@@ -119,7 +119,7 @@ def print_table(runs: dict[str, dict], baseline: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="4 tenants x 4 requests (smoke run)")
     ap.add_argument("--policies", default="cache_aware,round_robin,least_load")
     ap.add_argument("--tenants", type=int, default=16)

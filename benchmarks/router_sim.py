@@ -27,7 +27,7 @@ from tokenmill.router.sim.trace import Trace, TraceConfig, generate, mean_prompt
 
 
 def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--replicas", default="16,64,128", help="comma-separated sizes")
     p.add_argument("--policies", default="cache_aware,round_robin", help=f"of {POLICIES}")
     p.add_argument("--duration", type=float, default=90.0, help="trace window, seconds")

@@ -322,7 +322,9 @@ def report(systems: dict[str, dict], batched: dict[str, float], markdown: Path |
 
 def main() -> None:
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     ap.add_argument("--quick", action="store_true", help="fewer, shorter requests")
     ap.add_argument("--tokens", type=int, default=None, help="output tokens per request")

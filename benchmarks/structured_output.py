@@ -102,7 +102,7 @@ def throughput(llm: LLM, n: int, max_tokens: int, constrained: bool) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     args = ap.parse_args()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -11,6 +12,17 @@ from collections.abc import Iterator
 from tokenmill.config_file import add_config_option, expand_config
 from tokenmill.engine.arg_utils import add_engine_args, engine_kwargs
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
+
+# exit status of a command whose reader closed the pipe (as SIGPIPE would end it: 128 + 13)
+EXIT_BROKEN_PIPE = 141
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """No abbreviated long options: `--max-num-seq 8` is an error, not `--max-num-seqs 8`.
+    Every subcommand's parser is of this class too (argparse builds them of the parent's)."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -113,7 +125,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenmill", description="LLM inference platform")
+    parser = ArgumentParser(prog="tokenmill", description="LLM inference platform")
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -212,10 +224,24 @@ def main(argv: list[str] | None = None) -> int:
 
         early = EarlyEngineCore()  # imports torch while this process parses its arguments
     try:
-        return _run(argv, profile, early)
+        code = _run(argv, profile, early)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _pipe_closed()
     finally:
         if early is not None:
             early.cancel()  # unless `serve` handed it its arguments
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout left (`tokenmill keys list | head`): exit quietly, as a command
+    ended by SIGPIPE does. stdout goes to /dev/null, so that the interpreter's last flush of
+    what is still buffered does not fail too (the Python docs' "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 def _run(argv: list[str], profile, early) -> int:

@@ -205,14 +205,13 @@ def build_sources(args: argparse.Namespace, plan: Plan) -> tuple[list[Source], s
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from tokenmill.bench.config import SLO
     from tokenmill.bench.execute import RunOptions
     from tokenmill.bench.report.write import write_report
     from tokenmill.bench.session import run_session
+    from tokenmill.console import OutputConsole
 
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = OutputConsole(width=None if sys.stdout.isatty() else 200)
     plan = build_plan(args)
     sources, baseline = build_sources(args, plan)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

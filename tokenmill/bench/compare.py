@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rich.console import Console
-
 from tokenmill.bench.config import Target
 from tokenmill.bench.peers import find_llama_server, llama_server_spec, tokenmill_spec
 from tokenmill.bench.plan import Plan, max_request_tokens
 from tokenmill.bench.session import Source
+from tokenmill.console import OutputConsole
 
 BUILD_HINT = "build it with benchmarks/peers/build_llama_cpp.sh or set TOKENMILL_LLAMA_CPP_BIN"
 
@@ -36,7 +35,7 @@ def llama_ctx(requested: int, slots: int, per_request: int) -> int:
 def compare_sources(
     args: argparse.Namespace, plan: Plan, common: dict[str, Any]
 ) -> tuple[list[Source], str | None]:
-    console = Console()
+    console = OutputConsole()
     model = args.model or default_model()
     sources = [
         Source(

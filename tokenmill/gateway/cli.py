@@ -157,9 +157,9 @@ def _since(text: str | None) -> float | None:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from tokenmill.console import OutputConsole
     from tokenmill.gateway.store import queries
 
     db = _open(args)
@@ -185,7 +185,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
         cells = [str(row.get(args.group_by, row.get("group", "")))]
         cells += [f"{row[c]:.6f}" if c == "cost_usd" else str(row[c]) for c in columns[1:]]
         table.add_row(*cells)
-    Console().print(table)
+    OutputConsole().print(table)
     return 0
 
 

@@ -54,12 +54,11 @@ def add_tune_parser(sub) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from tokenmill.bench.cli import build_plan
     from tokenmill.bench.config import SLO
     from tokenmill.bench.execute import RunOptions
     from tokenmill.config_file import load_config_file
+    from tokenmill.console import OutputConsole
     from tokenmill.tune.frontier import pick
     from tokenmill.tune.report import TuneOutcome, write_report
     from tokenmill.tune.runner import TrialRunner
@@ -67,7 +66,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tokenmill.tune.space import SearchSpace, config_argv, config_key, launch_command
     from tokenmill.tune.trials import TrialStore
 
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = OutputConsole(width=None if sys.stdout.isatty() else 160)
     if args.trace:
         args.workload, args.dataset = "trace", args.trace
     if not 0 < args.slo_attainment <= 1:
