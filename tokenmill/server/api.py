@@ -18,6 +18,7 @@ from starlette.requests import ClientDisconnect
 
 import tokenmill
 from tokenmill.engine.async_llm import AsyncLLM
+from tokenmill.inputs.validation import first_outside
 from tokenmill.server.auth import APIKeyMiddleware
 from tokenmill.server.batch.routes import REQUEST_BODIES as BATCH_BODIES
 from tokenmill.server.batch.routes import add_batch_routes
@@ -263,10 +264,10 @@ def build_app(
         req = await parse_body(request, DetokenizeRequest, max_body_bytes)
         state.check_model(req.model)
         vocab = engine.tokenizer.vocab_size
-        bad = [t for t in req.tokens if not 0 <= t < vocab]
-        if bad:
+        bad = first_outside(req.tokens, vocab)
+        if bad is not None:
             raise bad_request(
-                f"tokens: id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens"
+                f"tokens: id {bad} is outside the vocabulary [0, {vocab})", param="tokens"
             )
         text = await off_loop(engine.tokenizer.decode, req.tokens, False)
         return {"prompt": text}

@@ -16,8 +16,12 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 256
 MAX_LOGIT_BIAS = 2048
+MAX_TOOLS = 128  # OpenAI's limit on a request's functions
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+# Lists stop at their first bad item: a body of 100,000 bad token ids is one error, not
+# 100,000 per union branch (which took seconds of the GIL to build and sort)
+TokenIds = Annotated[list[TokenId], Field(fail_fast=True)]
 
 
 class APIModel(BaseModel):
@@ -152,7 +156,7 @@ class SamplingKnobs(APIModel):
     repetition_penalty: float = Field(1.0, ge=0.01, le=10)
     min_tokens: int = Field(0, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
-    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    stop_token_ids: Annotated[TokenIds, Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = Field(0, ge=-INT32_MAX, le=INT32_MAX)
@@ -200,7 +204,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     # None: several calls may be parsed, but a forced choice (required / named) makes one
     parallel_tool_calls: bool | None = None
@@ -215,7 +219,12 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     # emptiness (no prompt, an empty prompt) is checked with the tokenizer: a 400 naming it
-    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    prompt: (
+        str
+        | TokenIds
+        | Annotated[list[str], Field(fail_fast=True)]
+        | Annotated[list[TokenIds], Field(fail_fast=True)]
+    )
     suffix: str | None = None
     max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -231,15 +240,15 @@ class TokenizeRequest(APIModel):
     # as chat renders them, so the count is the one a chat request would have
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
 class KVDigestsRequest(APIModel):
-    token_ids: Annotated[list[TokenId], Field(max_length=1 << 20)]
+    token_ids: Annotated[TokenIds, Field(max_length=1 << 20)]
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
 
 class DetokenizeRequest(APIModel):
     model: str | None = None
-    tokens: list[TokenId]
+    tokens: TokenIds
