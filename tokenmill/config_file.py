@@ -43,12 +43,26 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     except Exception as e:  # yaml.YAMLError and friends
         if isinstance(e, ValueError):
             raise
-        raise ValueError(f"config: {path} does not parse: {e}") from None
+        raise ValueError(f"config: {yaml_error(path, e)}") from None
     if values is None:
         return {}
     if not isinstance(values, dict):
         raise ValueError(f"config: {path} must hold a mapping of flag names to values")
     return values
+
+
+def yaml_error(path: str | Path, error: Exception) -> str:
+    """A YAML syntax error as `FILE, line L, column C: problem` on one line (PyYAML's own
+    text spans several lines and names the file "<unicode string>")."""
+    mark = getattr(error, "problem_mark", None)
+    if mark is None:
+        return f"{path} does not parse as YAML: {str(error).splitlines()[0]}"
+    problem = getattr(error, "problem", None) or "does not parse as YAML"
+    text = f"{path}, line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, start = getattr(error, "context", None), getattr(error, "context_mark", None)
+    if context and start is not None and (start.line, start.column) != (mark.line, mark.column):
+        text += f" ({context} from line {start.line + 1}, column {start.column + 1})"
+    return text
 
 
 def config_argv(

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.gateway.harness import make_harness, write_config
-from tokenmill.gateway.config import parse_gateway_config
+from tokenmill.gateway.config import load_gateway_config, parse_gateway_config
 from tokenmill.gateway.errors import GatewayConfigError
 
 
@@ -78,6 +78,24 @@ def test_config_errors_name_the_key(tmp_path, raw, where):
         parse_gateway_config(raw, tmp_path)
     assert err.value.path.startswith(where), (err.value.path, where)
     assert where in str(err.value)
+
+
+YAML_ERRORS = [
+    ("guardrails: [oops", "line 1, column 18: expected ',' or ']', but got '<stream end>' "
+     "(while parsing a flow sequence from line 1, column 13)"),
+    ("defaults:\n  rpm: 60\n  tpm: 1: 2\n", "line 3, column 9: mapping values are not allowed here"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "where"), YAML_ERRORS)
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path, text, where):
+    path = tmp_path / "gw.yaml"
+    path.write_text(text)
+    with pytest.raises(GatewayConfigError) as err:
+        load_gateway_config(path)
+    assert str(err.value) == f"gateway config: {path}, {where}"
+    out = tm("keys", "list", "--gateway-config", str(path))
+    assert (out.returncode, out.stderr) == (2, f"error: gateway config: {path}, {where}\n")
 
 
 def test_serve_refuses_a_bad_config_before_loading_the_model(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from tests.server.conftest import start_server
 from tokenmill.cli import build_parser, config_commands, main
-from tokenmill.config_file import MAX_CONFIG_BYTES, expand_config
+from tokenmill.config_file import MAX_CONFIG_BYTES, expand_config, load_config_file
 
 SETTINGS = {
     "max-num-seqs": 7,
@@ -91,7 +91,7 @@ def test_bad_files_are_clear_errors(tmp_path, capsys):
         "list.yaml": ("- a\n- b\n", "must hold a mapping"),
         "broken.json": ("{", "does not parse"),
         "broken.toml": ("a = ", "does not parse"),
-        "broken.yaml": ("a: [1,\n", "does not parse"),
+        "broken.yaml": ("a: [1,\n", "broken.yaml, line 2, column 1: expected"),
         "config.ini": ("a=1", "expected a .yaml"),
         "big.yaml": ("#" * (MAX_CONFIG_BYTES + 1), "bytes (at most"),
     }
@@ -105,6 +105,24 @@ def test_bad_files_are_clear_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", "--config", write(tmp_path, ".json", {"max-num-seqs": "many"})])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (
+            "max-num-seqs: 3\nport: 80: 81\n",
+            "line 2, column 9: mapping values are not allowed here",
+        ),
+        ("a: [1,\n", "line 2, column 1: expected the node content, but found '<stream end>'"),
+    ],
+)
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path, text, where):
+    path = tmp_path / "serve.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_config_file(path)
+    assert str(err.value) == f"config: {path}, {where}"
 
 
 def test_serve_runs_with_a_config_file(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.cache_dirs import cache_root
+from tokenmill.config_file import yaml_error
 from tokenmill.gateway.errors import GatewayConfigError
 from tokenmill.gateway.guardrails import GuardrailsConfig, parse_guardrails
 from tokenmill.gateway.tool_policy import UNDEFINED_POLICY, ToolPolicy, parse_tool_policy
@@ -230,5 +231,5 @@ def load_gateway_config(path: str | Path, env: Mapping[str, str] = os.environ) -
     except OSError as e:
         raise GatewayConfigError("", f"cannot read {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
-        raise GatewayConfigError("", f"{path} does not parse as YAML: {e}") from None
+        raise GatewayConfigError("", yaml_error(path, e)) from None
     return parse_gateway_config(raw, path.parent.resolve(), env)
