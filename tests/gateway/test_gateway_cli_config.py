@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import pytest
 import yaml
 
 from tests.gateway.harness import make_harness, write_config
+from tests.gateway.store_helpers import usage
 from tokenmill.gateway.config import load_gateway_config, parse_gateway_config
 from tokenmill.gateway.errors import GatewayConfigError
+from tokenmill.gateway.store import Ledger
 
 
 def tm(*args: str) -> subprocess.CompletedProcess:
@@ -34,9 +38,9 @@ def test_keys_cli_round_trip(tmp_path):
     created = json.loads(out.stdout)
     secret, key_id = created["key"], created["id"]
     assert secret.startswith("tm-") and created["models"] == ["a", "b"] and created["rpm"] == 60
-    assert (
-        created["metadata"] == {"env": "prod"} and created["expires_at"] > time.time() + 29 * 86400
-    )
+    assert created["metadata"] == {"env": "prod"}
+    assert iso_seconds(created["expires_at"]) > time.time() + 29 * 86400
+    assert abs(iso_seconds(created["created"]) - time.time()) < 60 and created["revoked_at"] is None
     listed = json.loads(tm("keys", "list", "--database", db).stdout)
     assert [k["id"] for k in listed] == [key_id] and secret not in str(listed)
     rotated = json.loads(tm("keys", "rotate", key_id, "--database", db).stdout)["key"]
@@ -45,12 +49,47 @@ def test_keys_cli_round_trip(tmp_path):
     assert updated["rpm"] == 10 and updated["team"] == "ml"
     assert tm("keys", "revoke", key_id, "--database", db).returncode == 0
     assert json.loads(tm("keys", "list", "--database", db).stdout) == []
+    [revoked] = json.loads(tm("keys", "list", "--all", "--database", db).stdout)
+    assert iso_seconds(revoked["revoked_at"]) >= iso_seconds(revoked["created"])
+    shown = json.loads(tm("keys", "show", key_id, "--database", db).stdout)
+    assert shown["revoked_at"] == revoked["revoked_at"] and shown["updated"].endswith("Z")
     bad = tm("keys", "create", "--database", db, "--rpm", "0")
     assert bad.returncode == 2 and "rpm" in bad.stderr
     assert tm("keys", "show", "key_missing", "--database", db).returncode == 2
     out = tm("usage", "--database", db, "--json")
     assert out.returncode == 0 and json.loads(out.stdout) == []
     assert secret not in (tmp_path / "gw.sqlite3").read_bytes().decode("latin-1")
+
+
+def iso_seconds(text: str) -> float:
+    """An ISO-8601 UTC time the CLI printed ("2026-01-31T12:00:00Z") as epoch seconds."""
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", text), text
+    return datetime.fromisoformat(text).timestamp()
+
+
+def test_usage_by_key_shows_each_key_s_id_and_name(tmp_path):
+    db = str(tmp_path / "gw.sqlite3")
+    ids = {}
+    for name in ("ci-bot", None):
+        made = tm("keys", "create", "--database", db, *(["--name", name] if name else []))
+        ids[name] = json.loads(made.stdout)["id"]
+    with Ledger.open(db, tmp_path / "journal") as ledger:
+        for i, key_id in enumerate([ids["ci-bot"], ids["ci-bot"], ids[None], None]):
+            ledger.record(usage(i, key_id=key_id, prompt_tokens=10, cached_tokens=0))
+        assert ledger.flush()
+    rows = json.loads(tm("usage", "--database", db, "--group-by", "key", "--json").stdout)
+    by_id = {r["key_id"]: (r["key_name"], r["requests"], r["prompt_tokens"]) for r in rows}
+    assert by_id == {ids["ci-bot"]: ("ci-bot", 2, 20), ids[None]: (None, 1, 10), None: (None, 1, 10)}
+    table = tm("usage", "--database", db, "--group-by", "key").stdout
+    lines = [re.split(r"\s*[│┃]\s*", line)[1:-1] for line in table.splitlines()]
+    cells = {line[0]: line[1:3] for line in lines if line}
+    assert cells["key_id"] == ["key_name", "requests"], table
+    assert cells[ids["ci-bot"]] == ["ci-bot", "2"], table
+    assert cells[ids[None]] == cells["-"] == ["-", "1"], table  # unnamed, and no key at all
+    days = tm("usage", "--database", db, "--since", "2026-01-01T00:00:00Z", "--json").stdout
+    assert [d["day"] for d in json.loads(days)] == ["2026-01-01"]
+    later = tm("usage", "--database", db, "--since", "2026-01-01T01:00:00+01:00", "--json")
+    assert json.loads(later.stdout)[0]["requests"] == 4  # 00:00Z: the offset counts
 
 
 BAD_CONFIGS = [

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.gateway.store_helpers import DAY, T0, guardrail, tool_call, usage
-from tokenmill.gateway.store import Ledger
+from tokenmill.gateway.store import Ledger, StoredKey, keys_table
 from tokenmill.gateway.store import queries as q
 from tokenmill.gateway.store.database import Database
 
@@ -82,6 +82,17 @@ def test_rollup_by_key_team_model(db: Database) -> None:
         "model",
         expected(lambda r: r[0] == "k1", lambda r: r[2]),
     )
+
+
+def test_rollup_by_key_names_each_key(db: Database) -> None:
+    keys_table.insert_key(db, StoredKey(id="k1", key_hash="a" * 64, name="alpha"))
+    keys_table.insert_key(db, StoredKey(id="k2", key_hash="b" * 64))
+    keys_table.revoke_key(db, "k1", T0)  # a revoked key keeps its name
+    rows = q.usage_rollup(db, group_by="key")
+    names = {r["key_id"]: r["key_name"] for r in rows}
+    assert names == {"k1": "alpha", "k2": None, "k3": None, None: None}  # k3: not in the table
+    assert [list(r)[:2] for r in rows] == [["key_id", "key_name"]] * len(rows)
+    assert "key_name" not in q.usage_rollup(db, group_by="team")[0]
 
 
 def test_rollup_by_utc_day_and_window(db: Database) -> None:

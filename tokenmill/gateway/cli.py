@@ -9,6 +9,10 @@ import json
 import sys
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -98,15 +102,36 @@ def _check_policy(args: argparse.Namespace, name: str) -> None:
     policies = load_gateway_config(args.gateway_config).tool_policies
     if name not in policies:
         known = ", ".join(sorted(policies)) or "none"
-        raise ValueError(f"--tool-policy: no policy named {name!r} in the config (defined: {known})")
+        raise ValueError(
+            f"--tool-policy: no policy named {name!r} in the config (defined: {known})"
+        )
+
+
+# a key's times: epoch seconds in the database and the admin API, ISO-8601 UTC here
+_KEY_TIMES = ("created", "updated", "expires_at", "revoked_at")
 
 
 def _show(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
-def cmd_keys(args: argparse.Namespace) -> int:
+def iso_utc(t: float) -> str:
+    """Epoch seconds as ISO-8601 UTC to the second, e.g. 2026-01-31T12:00:00Z."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _shown_key(key, secret: str | None = None) -> dict:
+    """A key as the CLI prints it: the admin API's fields, times in ISO-8601 UTC."""
     from tokenmill.gateway.admin import public_key
+
+    out = public_key(key)
+    for name in _KEY_TIMES:
+        if out.get(name) is not None:
+            out[name] = iso_utc(out[name])
+    return out if secret is None else {"key": secret, **out}
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
     from tokenmill.gateway.key_spec import stored_fields
     from tokenmill.gateway.keys import hash_key, new_key_id, new_secret
     from tokenmill.gateway.store import keys_table
@@ -122,25 +147,25 @@ def cmd_keys(args: argparse.Namespace) -> int:
         keys_table.insert_key(db, key)
         print(f"key: {secret}", file=sys.stderr)
         print("(shown once: only its hash is stored)", file=sys.stderr)
-        _show({"key": secret, **public_key(key)})
+        _show(_shown_key(key, secret))
         return 0
     if action == "list":
         keys = keys_table.list_keys(db, include_revoked=args.all)
-        _show([public_key(k) for k in keys])
+        _show([_shown_key(k) for k in keys])
         return 0
     key = keys_table.get_key(db, args.key_id)
     if key is None:
         raise ValueError(f"no key {args.key_id!r}")
     if action == "show":
-        _show(public_key(key))
+        _show(_shown_key(key))
     elif action == "update":
         keys_table.update_key(db, key.id, **stored_fields(_spec(args), only_set=True))
-        _show(public_key(keys_table.get_key(db, key.id)))
+        _show(_shown_key(keys_table.get_key(db, key.id)))
     elif action == "rotate":
         secret = new_secret()
         keys_table.replace_hash(db, key.id, hash_key(secret))
         print(f"key: {secret}", file=sys.stderr)
-        _show({"key": secret, **public_key(keys_table.get_key(db, key.id))})
+        _show(_shown_key(keys_table.get_key(db, key.id), secret))
     elif action == "revoke":
         keys_table.revoke_key(db, key.id, time.time())
         print(f"revoked {key.id}")
@@ -151,14 +176,13 @@ def _since(text: str | None) -> float | None:
     if text is None:
         return None
     try:
-        return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+        at = datetime.fromisoformat(text)
     except ValueError:
         return time.time() - _duration(text)
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()  # naive: UTC
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from tokenmill.console import OutputConsole
     from tokenmill.gateway.store import queries
 
@@ -170,23 +194,32 @@ def cmd_usage(args: argparse.Namespace) -> int:
     if args.json:
         _show(rows)
         return 0
-    table = Table(title=f"usage by {args.group_by}")
-    columns = [
-        "group",
-        "requests",
-        "prompt_tokens",
-        "cached_tokens",
-        "completion_tokens",
-        "cost_usd",
-    ]
-    for c in columns:
-        table.add_column(c, justify="left" if c == "group" else "right")
-    for row in rows:
-        cells = [str(row.get(args.group_by, row.get("group", "")))]
-        cells += [f"{row[c]:.6f}" if c == "cost_usd" else str(row[c]) for c in columns[1:]]
-        table.add_row(*cells)
-    OutputConsole().print(table)
+    OutputConsole(width=None if sys.stdout.isatty() else 160).print(
+        _usage_table(rows, args.group_by)
+    )
     return 0
+
+
+def _usage_table(rows: list[dict], group_by: str) -> Table:
+    """By key: the key's id and name; else the day, team, model or user."""
+    from rich.table import Table
+
+    from tokenmill.gateway.store.queries import GROUP_FIELD
+
+    groups = [GROUP_FIELD[group_by], *(["key_name"] if group_by == "key" else [])]
+    metrics = ["requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd"]
+    cells = [
+        ["-" if row[c] is None else str(row[c]) for c in groups]
+        + [f"{row[c]:.6f}" if c == "cost_usd" else str(row[c]) for c in metrics]
+        for row in rows
+    ]
+    table = Table(title=f"usage by {group_by}")
+    for i, c in enumerate(groups + metrics):  # values whole: an id is copied, never cut short
+        width = max((len(line[i]) for line in cells), default=0)
+        table.add_column(c, justify="left" if c in groups else "right", min_width=width)
+    for line in cells:
+        table.add_row(*line)
+    return table
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -13,6 +13,8 @@ from tokenmill.gateway.store.records import GuardrailEvent, ToolCallEvent, Usage
 
 GroupBy = Literal["key", "team", "day", "model", "user"]
 _GROUP_COLUMN = {"key": "key_id", "team": "team", "model": "model", "user": "user_name"}
+# the field that holds a rollup row's group
+GROUP_FIELD = {**_GROUP_COLUMN, "day": "day"}
 _METRICS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd")
 _SUMS = (
     "COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(cached_tokens), 0), "
@@ -68,7 +70,8 @@ def usage_rollup(
 ) -> list[dict[str, Any]]:
     """Requests, tokens and cost per group, ordered by group; `since` inclusive, `until`
     exclusive. Each dict has the group under "key_id", "team", "day" (UTC 'YYYY-MM-DD'),
-    "model" or "user_name", then the metrics."""
+    "model" or "user_name" (GROUP_FIELD), then the metrics; by key, the key's "key_name"
+    follows its id (None: unnamed, or no key)."""
     if group_by == "day":
         name, expr = "day", db.utc_day("created")
     elif group_by in _GROUP_COLUMN:
@@ -84,7 +87,23 @@ def usage_rollup(
     rows = db.fetchall(
         f"SELECT {expr} AS g, {_SUMS} FROM usage{where} GROUP BY g ORDER BY g", params
     )
+    if group_by == "key":
+        names = key_names(db, [r[0] for r in rows if r[0] is not None])
+        return [{name: r[0], "key_name": names.get(r[0]), **_metrics(r[1:])} for r in rows]
     return [{name: r[0], **_metrics(r[1:])} for r in rows]
+
+
+def key_names(db: Database, key_ids: list[str]) -> dict[str, str | None]:
+    """The name of each of these keys (revoked ones too) that `api_keys` holds."""
+    out: dict[str, str | None] = {}
+    for start in range(0, len(key_ids), 500):  # bounded parameter lists
+        chunk = key_ids[start : start + 500]
+        marks = ", ".join("?" * len(chunk))
+        for key_id, name in db.fetchall(
+            f"SELECT id, name FROM api_keys WHERE id IN ({marks})", chunk
+        ):
+            out[key_id] = name
+    return out
 
 
 def totals(db: Database, key_id: str | None = None) -> dict[str, Any]:
