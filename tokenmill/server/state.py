@@ -66,7 +66,8 @@ class ServerState:
         return self.model_name
 
     def check_accepting(self) -> None:
-        """New generation requests are refused while the server drains."""
+        """New work (generation, background responses, batches) is refused at once while
+        the server drains or its engine core is down."""
         if self.draining:
             raise APIError(
                 503,
@@ -76,6 +77,8 @@ class ServerState:
                 "server_shutting_down",
                 headers={"Retry-After": "1"},
             )
+        if not self.engine.healthy:
+            raise engine_dead(self.engine.dead_reason)
 
 
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
@@ -88,6 +91,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def engine_dead(reason: str | None) -> APIError:
+    """503 engine_dead: no retry-after (the engine core does not come back by itself)."""
+    reason = reason or "the engine core is not running"
+    return APIError(503, f"engine unavailable: {reason}", "server_error", None, "engine_dead")
+
+
 def engine_error(e: Exception, request_id: str) -> APIError:
     """Maps engine-side failures to HTTP errors (client mistakes were caught before)."""
     if isinstance(e, APIError):
@@ -97,7 +106,7 @@ def engine_error(e: Exception, request_id: str) -> APIError:
             503, str(e), "server_error", None, "server_busy", headers={"Retry-After": "1"}
         )
     if isinstance(e, EngineDeadError):
-        return APIError(503, f"engine unavailable: {e}", "server_error", None, "engine_dead")
+        return engine_dead(str(e))
     if isinstance(e, RequestFailedError):
         return APIError(
             500,

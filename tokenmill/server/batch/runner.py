@@ -103,7 +103,13 @@ class BatchRunner:
 
     async def _run(self, batch_id: str) -> None:
         try:
-            await self._run_batch(batch_id)
+            try:
+                await self._run_batch(batch_id)
+            except _Interrupted:
+                if self.state.draining or self.state.engine.healthy:
+                    raise
+                # the engine core is gone for good: the batch ends, saying why
+                await self._fail_rest(batch_id, "engine_dead", self._dead_reason())
         except (_Interrupted, asyncio.CancelledError):
             logger.info("batch %s stopped; it resumes when the server starts again", batch_id)
         except Exception:
@@ -213,6 +219,10 @@ class BatchRunner:
 
     async def _expire_rest(self, batch_id: str, owner: str) -> None:
         """Lines never run get a batch_expired error line (as OpenAI's)."""
+        await self._answer_rest(batch_id, owner, "batch_expired", "the batch expired first")
+
+    async def _answer_rest(self, batch_id: str, owner: str, code: str, message: str) -> None:
+        """Every line without a result gets an error line with this code and message."""
         batch = await off_loop(self.store.get, batch_id)
         assert batch is not None
         path = await self._input_path(batch, owner)
@@ -221,15 +231,30 @@ class BatchRunner:
             done = self.store.done_lines(batch_id)
             for item in read_lines(path, self.state.settings.max_body_bytes):
                 if item.line not in done:
-                    line = error_line(item.custom_id, "batch_expired", "the batch expired first")
+                    line = error_line(item.custom_id, code, message)
                     self.store.record(batch_id, item.line, False, dumps(line))
 
         await off_loop(write)
 
+    def _dead_reason(self) -> str:
+        reason = self.state.engine.dead_reason or "the engine core is not running"
+        return f"the engine core stopped before the batch finished ({reason})"
+
+    async def _fail_rest(self, batch_id: str, code: str, message: str) -> None:
+        """The batch cannot go on: lines without a result get an error line saying why, and
+        the batch ends as failed (the answered lines in its output file)."""
+        logger.error("batch %s failed: %s", batch_id, message)
+        owner = await off_loop(self.store.owner, batch_id)
+        await self._answer_rest(batch_id, owner, code, message)
+        await off_loop(self._finalize, batch_id, owner, "failed", _errors(code, message))
+
     # ------------------------------------------------------------ the end (blocking)
 
-    def _finalize(self, batch_id: str, owner: str, final: str) -> None:
-        """Writes the output and error files, then the final status, counts and ids."""
+    def _finalize(
+        self, batch_id: str, owner: str, final: str, errors: dict[str, Any] | None = None
+    ) -> None:
+        """Writes the output and error files, then the final status, counts and ids (and,
+        for a failed batch, its `errors`)."""
         now = int(time.time())
         if final != "cancelling":
             self.store.update(batch_id, {"status": "finalizing", "finalizing_at": now})
@@ -244,6 +269,8 @@ class BatchRunner:
             "output_file_id": self._write_file(batch_id, owner, True),
             "error_file_id": self._write_file(batch_id, owner, False),
         }
+        if errors is not None:
+            changes["errors"] = errors
         self.store.update(batch_id, changes)
         self.store.forget_results(batch_id)
         logger.info("batch %s %s: %s", batch_id, final, changes["request_counts"])
@@ -266,10 +293,15 @@ class BatchRunner:
         return file_id
 
     def _fail(self, batch_id: str, code: str, message: str) -> None:
-        error = {"code": code, "message": message, "line": None, "param": None}
         changes = {
             "status": "failed",
             "failed_at": int(time.time()),
-            "errors": {"object": "list", "data": [error]},
+            "errors": _errors(code, message),
         }
         self.store.update(batch_id, changes)
+
+
+def _errors(code: str, message: str) -> dict[str, Any]:
+    """A batch's `errors` (OpenAI's list of one error, not tied to a line)."""
+    error = {"code": code, "message": message, "line": None, "param": None}
+    return {"object": "list", "data": [error]}

@@ -13,9 +13,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tokenmill.engine.async_llm import OutputStream, QueueFullError
+from tokenmill.engine.async_llm import OutputStream
 from tokenmill.outputs import RequestOutput
-from tokenmill.server.errors import APIError, bad_request
+from tokenmill.server.errors import bad_request
 from tokenmill.server.generation import final_outputs, submit
 from tokenmill.server.responses.objects import usage
 from tokenmill.server.responses.output import Event, OutputBuilder
@@ -30,16 +30,21 @@ _STATUS = {"length": "incomplete", "abort": "cancelled"}  # else completed
 _TERMINAL = {"completed", "incomplete", "failed", "cancelled"}
 
 
+# A response's error.code for failures the HTTP API names with its own code: a full queue
+# is OpenAI's "try later"; a dead engine core says so (retrying does not help).
+_CODES = {"server_busy": "rate_limit_exceeded", "engine_dead": "engine_dead"}
+
+
 def _error(e: BaseException, request_id: str) -> tuple[str, str]:
     """(code, message) of a failure, for the response object's `error`."""
-    if isinstance(e, APIError):
-        return ("rate_limit_exceeded" if e.status == 503 else "server_error"), e.message
     try:
         err = engine_error(e, request_id)  # type: ignore[arg-type]
     except BaseException:
         logger.exception("response %s failed", request_id)
         return "server_error", f"internal error (request {request_id}): {type(e).__name__}"
-    code = "rate_limit_exceeded" if isinstance(e, QueueFullError) else "server_error"
+    code = _CODES.get(err.code or "")
+    if code is None:
+        code = "invalid_prompt" if err.status < 500 else "server_error"
     return code, err.message
 
 
