@@ -144,3 +144,39 @@ def test_subscriber_trouble_is_counted_in_metrics():
     assert f'tokenmill:router_kv_event_bad_batches_total{{replica="{name}"}} 2.0' in text
     assert f'tokenmill:router_kv_event_subscriber_errors_total{{replica="{name}"}} 1.0' in text
     sub.stop()
+
+
+def series_of(router: Router, replica: str) -> dict[str, float]:
+    """The router's exposed series labelled with this replica, by name and labels."""
+    text = router.metrics.render().decode()
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if f'replica="{replica}"' in line
+    }
+
+
+def test_a_replica_that_leaves_takes_its_gauges_along():
+    router = make_router()
+    gone, stays = list(router.replicas)
+    stored(router, gone, key(3, 0))
+    router.metrics.kv_transfer_from(gone, {"bytes_sent": 100})
+    before = series_of(router, gone)
+    assert before[f'tokenmill:router_replica_healthy{{replica="{gone}"}}'] == 1.0
+    assert before[f'tokenmill:router_index_blocks{{medium="device",replica="{gone}"}}'] > 0
+    router.mark_down(gone, "connection refused")  # it died ...
+    router.remove_replica(gone)  # ... and the cluster took it out
+    after = series_of(router, gone)
+    gauges = ("replica_healthy", "in_flight", "pending_prefill_blocks", "index_blocks",
+              "kv_events_synced")  # fmt: skip
+    assert not [s for s in after if s.split("{")[0].removeprefix("tokenmill:router_") in gauges]
+    assert after[f'tokenmill:router_kv_transfer_bytes_sent_total{{replica="{gone}"}}'] == 100.0
+    assert series_of(router, stays)[f'tokenmill:router_replica_healthy{{replica="{stays}"}}'] == 1
+    # back under the same address (a new process): healthy again, its totals counted anew
+    router.add_replica(ReplicaSpec.parse(f"http://{gone}"))
+    router.mark_up(gone, {"engine": {"block_size": 16, "pid": 2}})
+    router.metrics.kv_transfer_from(gone, {"bytes_sent": 30})
+    back = series_of(router, gone)
+    assert back[f'tokenmill:router_replica_healthy{{replica="{gone}"}}'] == 1.0
+    assert back[f'tokenmill:router_kv_transfer_bytes_sent_total{{replica="{gone}"}}'] == 130.0

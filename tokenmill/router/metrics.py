@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from tokenmill.router.index import MEDIUM_BITS
 
 _SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _TTFT = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -124,6 +127,19 @@ class RouterMetrics:
         self._collect: Callable[[RouterMetrics], None] | None = None
         # the stream-side counters the subscribers keep, last seen
         self._seen: dict[tuple[str, str], int] = {}
+
+    def forget_replica(self, replica: str) -> None:
+        """A replica left: its gauges' series go (a gone replica is not "healthy" nor "0 in
+        flight"); its counters stay, and one that rejoins under the same address counts its
+        new process's totals from zero."""
+        series = [(g, (replica,)) for g in (self.healthy, self.in_flight, self.pending_prefill,
+                                            self.events_synced)]  # fmt: skip
+        series += [(self.index_blocks, (replica, medium)) for medium in MEDIUM_BITS]
+        for gauge, labels in series:
+            with contextlib.suppress(KeyError):  # never set (older prometheus_client raise)
+                gauge.remove(*labels)
+        for seen in [k for k in self._seen if k[0] == replica]:
+            del self._seen[seen]
 
     def on_collect(self, fn: Callable[[RouterMetrics], None]) -> None:
         self._collect = fn

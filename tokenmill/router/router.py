@@ -140,6 +140,7 @@ class Router:
         dropped = self.index.disable(name)
         self.approx.clear(name)
         self.loads.forget(name)
+        self.metrics.forget_replica(name)
         logger.warning("replica %s left; dropped %d index blocks", name, dropped)
 
     # ------------------------------------------------------------ health
