@@ -8,6 +8,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from tokenmill.router.index import MEDIUM_BITS
+from tokenmill.ui.recent import RecentValues
 
 _SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _TTFT = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -124,9 +125,14 @@ class RouterMetrics:
             key: Counter(p + f"kv_transfer_{key}_total", text, ["replica"], registry=r)
             for key, text in worker.items()
         }
+        self.recent_ttft = RecentValues()  # exact, for the dashboard's percentiles
         self._collect: Callable[[RouterMetrics], None] | None = None
         # the stream-side counters the subscribers keep, last seen
         self._seen: dict[tuple[str, str], int] = {}
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+        self.recent_ttft.add(seconds)
 
     def forget_replica(self, replica: str) -> None:
         """A replica left: its gauges' series go (a gone replica is not "healthy" nor "0 in

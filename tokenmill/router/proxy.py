@@ -205,7 +205,7 @@ class Proxy:
             try:
                 if stream and resp.status_code == 200:
                     self.router.first_token(decision)
-                    self.metrics.ttft.observe(time.perf_counter() - t0)
+                    self.metrics.observe_ttft(time.perf_counter() - t0)
                     out = self._stream(resp, decision, request_id, ticket)
                     streaming = True
                     return out, None

@@ -8,6 +8,7 @@ from tokenmill.config import MAX_SPEC_ROWS
 from tokenmill.engine.async_llm import RequestTiming
 from tokenmill.engine.core_types import SchedulerStats, SpecDecodeStats
 from tokenmill.server.kv_transfer_metrics import KVTransferMetrics
+from tokenmill.ui.recent import RecentValues
 
 _LATENCY_BUCKETS = (
     0.005,
@@ -51,11 +52,20 @@ _ITL_BUCKETS = (
 )
 
 
+class ServerRegistry(CollectorRegistry):
+    """The server's Prometheus registry, which also holds the exact TTFTs of recent requests
+    (the dashboard's percentiles: ui/server_source.py reads both from it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recent_ttft = RecentValues()
+
+
 class ServerMetrics:
     """Implements the engine's StatsObserver and exposes everything on /metrics."""
 
     def __init__(self, model_name: str) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = ServerRegistry()
         self.kv_transfer: KVTransferMetrics | None = None  # created by a worker's first stats
         labels = ["model_name"]
         r = self.registry
@@ -325,6 +335,7 @@ class ServerMetrics:
         self.generation_tokens.labels(m).inc(new_tokens)
         if timing.first_token is None:
             self.ttft.labels(m).observe(now - timing.arrival)
+            self.registry.recent_ttft.add(now - timing.arrival)
             self.prompt_tokens.labels(m).inc(timing.num_prompt_tokens)
             if timing.first_scheduled is not None:
                 self.queue_time.labels(m).observe(max(0.0, timing.first_scheduled - timing.arrival))

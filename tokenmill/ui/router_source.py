@@ -9,6 +9,7 @@ from typing import Any
 from tokenmill.router.router import Router
 from tokenmill.ui.rates import per_second, per_second_by, ratio, window_percentiles
 from tokenmill.ui.readings import Reading
+from tokenmill.ui.recent import recent_percentiles
 from tokenmill.ui.sampler import Base
 
 P = "tokenmill:router_"
@@ -39,6 +40,6 @@ class RouterSource:
             "predicted_hit_rate": ratio(
                 now, window, P + "hit_blocks_total", P + "prompt_blocks_total"
             ),
-            "ttft_ms": window_percentiles(now, window, P + "time_to_first_token_seconds"),
+            "ttft_ms": recent_percentiles(self.router.metrics.recent_ttft, window),
             "decision_ms": window_percentiles(now, window, P + "decision_seconds"),
         }

@@ -8,14 +8,22 @@ from prometheus_client import CollectorRegistry
 
 from tokenmill.ui.rates import per_second, ratio, window_percentiles
 from tokenmill.ui.readings import Reading
+from tokenmill.ui.recent import RecentValues, recent_percentiles
 from tokenmill.ui.sampler import Base
 
 P = "tokenmill:"
 
 
 class ServerSource:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, recent_ttft: RecentValues | None = None
+    ) -> None:
+        """TTFT percentiles come from `recent_ttft` (default: the registry's, a
+        ServerRegistry's), exact; from the histogram's buckets only without one."""
         self.registry = registry
+        self.recent_ttft = (
+            recent_ttft if recent_ttft is not None else getattr(registry, "recent_ttft", None)
+        )
 
     def read(self) -> Reading:
         return Reading.of(self.registry)
@@ -36,7 +44,7 @@ class ServerSource:
             "finished_ps": per_second(now, rate, P + "request_success_total"),
             "preemptions_ps": per_second(now, rate, P + "num_preemptions_total"),
             "loop_cutoffs_ps": per_second(now, rate, P + "repetition_cutoffs_total"),
-            "ttft_ms": window_percentiles(now, window, P + "time_to_first_token_seconds"),
+            "ttft_ms": self._ttft_ms(now, window),
             "itl_ms": window_percentiles(now, window, P + "inter_token_latency_seconds"),
             "totals": {
                 "generation_tokens": now.total(P + "generation_tokens_total"),
@@ -45,3 +53,8 @@ class ServerSource:
                 "loop_cutoffs": now.total(P + "repetition_cutoffs_total"),
             },
         }
+
+    def _ttft_ms(self, now: Reading, window: Base | None) -> dict[str, float] | None:
+        if self.recent_ttft is not None:
+            return recent_percentiles(self.recent_ttft, window)
+        return window_percentiles(now, window, P + "time_to_first_token_seconds")
