@@ -211,6 +211,7 @@ def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None
     from tokenmill.router.app import build_router_app
     from tokenmill.router.prompts import PromptHasher
     from tokenmill.router.router import Router
+    from tokenmill.server.http_protocol import envelope_protocol
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request
     if log_decisions:
@@ -231,7 +232,14 @@ def run_router(config: RouterConfig, specs: list[ReplicaSpec], model: str | None
         ", ".join(s.url for s in specs),
     )  # fmt: skip
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            http=envelope_protocol(),  # uvicorn's own 400s in the OpenAI error envelope too
+        )
     )
     signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn drains, then re-raises: exit 0
     asyncio.run(server.serve())

@@ -189,6 +189,7 @@ def _serve(args, config, settings, client, profile: StartupProfile, files=None) 
     from tokenmill.engine.async_llm import AsyncLLM
     from tokenmill.server.api import build_app
     from tokenmill.server.draining import DrainingServer
+    from tokenmill.server.http_protocol import envelope_protocol
     from tokenmill.server.metrics import ServerMetrics
 
     uvicorn_level = "info" if logging.getLogger().level <= logging.INFO else "warning"
@@ -241,6 +242,7 @@ def _serve(args, config, settings, client, profile: StartupProfile, files=None) 
         log_level=uvicorn_level,
         timeout_graceful_shutdown=args.drain_timeout,
         access_log=False,
+        http=envelope_protocol(),  # uvicorn's own 400s in the OpenAI error envelope too
     )
     logging.getLogger("tokenmill.access").setLevel(logging.INFO)
     server = DrainingServer(uv_config, holder, args.drain_timeout)
