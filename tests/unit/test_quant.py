@@ -5,6 +5,7 @@ activations have outlier channels, KLD figures against a direct computation, mix
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -25,6 +26,7 @@ from tokenmill.quant.formats import fake_quantize, quantize_weight
 from tokenmill.quant.groups import all_groups, group_of, matches
 from tokenmill.quant.kld import ScoredLogProbs, eval_tokens, kld_report, make_chunks
 from tokenmill.quant.plan import QuantPlan, read_plan, write_plan
+from tokenmill.quant.progress import Progress
 from tokenmill.quant.scoring import ModelScorer
 from tokenmill.quant.texts import CALIBRATION_TEXT, read_text
 from tokenmill.quant.weights import apply_plan
@@ -310,14 +312,43 @@ def test_quant_eval_reports_calibration_side_by_side(outlier_model_dir, tmp_path
         "--calibration", "builtin", "--ctx", "128", "--chunks", "2", "--json", str(out),
     ])  # fmt: skip
     assert code == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "Mean    KLD" in text and "Same top p" in text and "sensitivity" in text
+    steps = [line.split("s] ", 1)[1] for line in captured.err.splitlines() if "s] " in line]
+    assert steps[:4] == [
+        f"loading {outlier_model_dir}",
+        "scoring the float32 reference (2 chunks scored)",
+        "measuring q4_0 (2 chunks scored)",
+        "calibrating for q4_0, calibrated on builtin (2 layers)",
+    ], captured.err
+    assert "measuring float32, layers.1.*=q4_0 (2 chunks scored)" in steps  # sensitivity
     figures = json.loads(out.read_text())
     assert figures["q4_0"]["mean_kld"] > figures["q4_0, calibrated on builtin"]["mean_kld"]
     assert set(figures["sensitivity"]) == {
         "layers.*.attn_qkv", "layers.*.attn_o", "layers.*.mlp_gate_up", "layers.*.mlp_down",
         "layers.0.*", "layers.1.*", "lm_head",
     }  # fmt: skip
+
+
+def test_progress_lines_are_at_most_one_a_second_but_for_new_steps():
+    clock, out = [100.0], io.StringIO()
+    progress = Progress(out, interval_s=1.0, clock=lambda: clock[0])
+    progress.begin("measuring q4_0", 8, "chunks scored")
+    for _ in range(3):  # quick batches: no line
+        clock[0] += 0.3
+        progress.advance(2)
+    clock[0] += 0.3
+    progress.advance(2)
+    progress.begin("calibrating", 2, "layers")
+    assert out.getvalue().splitlines() == [
+        "[    0.0s] measuring q4_0 (8 chunks scored)",
+        "[    1.2s] measuring q4_0: 8/8 chunks scored",
+        "[    1.2s] calibrating (2 layers)",
+    ]
+    quiet = Progress(out, enabled=False)
+    quiet.begin("x")
+    assert len(out.getvalue().splitlines()) == 3
 
 
 def test_quant_search_meets_the_budget_and_serve_loads_the_plan(outlier_model_dir, tmp_path):

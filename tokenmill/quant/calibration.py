@@ -18,6 +18,7 @@ when heads share KV heads) and into the rows of up_proj before down_proj.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -183,9 +184,11 @@ def calibrate(
     weights: dict[str, torch.Tensor],
     stats: dict[str, ActivationStats],
     format_for,
+    on_layer: Callable[[], None] | None = None,
 ) -> dict[str, ScaleChoice]:
     """Searches and folds the scales into `weights` (float, Hugging Face names) in place.
-    `format_for(group)` is the format the group will be quantized to."""
+    `format_for(group)` is the format the group will be quantized to; `on_layer()` after
+    each layer (progress)."""
     choices = {}
     for i in range(arch.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -222,6 +225,8 @@ def calibrate(
                     weights[p + "self_attn.v_proj.bias"] = (
                         weights[p + "self_attn.v_proj.bias"] / s_kv
                     )
+        if on_layer is not None:
+            on_layer()
     scaled = sum(c.scale is not None for c in choices.values())
     logger.info("calibration: %d of %d groups rescaled", scaled, len(choices))
     return choices

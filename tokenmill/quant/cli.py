@@ -66,18 +66,21 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks", type=int, default=4, help="chunks of the text to score at most")
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
 
 def _bench(args):
     import torch
 
     from tokenmill.quant.fidelity import FidelityBench
+    from tokenmill.quant.progress import Progress
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     if args.ctx < 8 or args.chunks < 1:
         raise ValueError("--ctx must be >= 8 and --chunks >= 1")
-    return FidelityBench(args.model, args.text, args.ctx, args.chunks)
+    progress = Progress(enabled=not args.no_progress)
+    return FidelityBench(args.model, args.text, args.ctx, args.chunks, progress=progress)
 
 
 def _print_report(title: str, report) -> None:

@@ -25,6 +25,7 @@ from tokenmill.quant.kld import (
     score,
 )
 from tokenmill.quant.plan import QuantPlan
+from tokenmill.quant.progress import Progress
 from tokenmill.quant.schemes import BITS_PER_WEIGHT
 from tokenmill.quant.scoring import ModelScorer
 from tokenmill.quant.texts import EVALUATION_TEXT, read_text
@@ -52,8 +53,11 @@ class FidelityBench:
         ctx: int = 512,
         max_chunks: int | None = 8,
         batch: int = 2,
+        progress: Progress | None = None,
     ) -> None:
+        self.progress = progress if progress is not None else Progress(enabled=False)
         self.model_path = model
+        self.progress.begin(f"loading {model or 'the embedded model'}")
         self.float_files = load_model_files(model, packed=False)
         self._packed_files: ModelFiles | None = None
         self._caches: dict[int, dict] = {}  # converted weights, per base weights dict
@@ -62,6 +66,7 @@ class FidelityBench:
         self.batch = min(batch, len(self.chunks.chunks))
         self._speed_prompt = ids[:_SPEED_PROMPT]
         t0 = time.monotonic()
+        self._begin_scoring("scoring the float32 reference")
         self.reference: ScoredLogProbs = self.score(self.build(QuantPlan("float32")))
         logger.info(
             "reference scored: %d tokens in %.1fs", self.chunks.num_scored, time.monotonic() - t0
@@ -90,7 +95,8 @@ class FidelityBench:
         from tokenmill.quant.weights import calibrate_weights
 
         files = dataclasses.replace(self.float_files, weights=dict(self.float_files.weights))
-        outliers = calibrate_weights(files, plan)
+        self.progress.begin(f"calibrating for {plan.describe()}", self.num_layers, "layers")
+        outliers = calibrate_weights(files, plan, self.progress.advance)
         return Calibrated(plan, files.weights, outliers)
 
     def build(self, plan: QuantPlan, calibrated: Calibrated | None = None) -> LlamaForCausalLM:
@@ -103,11 +109,15 @@ class FidelityBench:
             files.rope_freq_factors,
         )
 
+    def _begin_scoring(self, label: str) -> None:
+        self.progress.begin(label, len(self.chunks.chunks), "chunks scored")
+
     def score(self, model: LlamaForCausalLM) -> ScoredLogProbs:
         scorer = ModelScorer(model, self.chunks.ctx, self.batch)
-        return score(scorer, self.chunks, self.batch)
+        return score(scorer, self.chunks, self.batch, self.progress.advance)
 
     def measure(self, plan: QuantPlan, calibrated: Calibrated | None = None) -> KLDReport:
+        self._begin_scoring(f"measuring {plan.describe()}")
         return kld_report(self.reference, self.score(self.build(plan, calibrated)))
 
     def measure_file(self, path: str, plan: QuantPlan) -> KLDReport:
@@ -115,6 +125,7 @@ class FidelityBench:
         against this bench's float32 reference."""
         from tokenmill.quant.weights import load_for_plan
 
+        self._begin_scoring(f"measuring {path} ({plan.describe()})")
         files = load_for_plan(path, plan)
         if files.arch.vocab_size != self.float_files.arch.vocab_size:
             raise ValueError(f"{path}: not a conversion of {self.float_files.name}")
@@ -130,6 +141,7 @@ class FidelityBench:
     def decode_speed(
         self, plan: QuantPlan, steps: int = 64, calibrated: Calibrated | None = None
     ) -> float:
+        self.progress.begin(f"timing decode: {plan.describe()}")
         model = self.build(plan, calibrated)
         scorer = ModelScorer(model, _SPEED_PROMPT + steps + 1)
         scorer.decode_speed(self._speed_prompt, 8)  # warm-up

@@ -9,6 +9,7 @@ perplexity of both."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,13 +59,21 @@ class ScoredLogProbs:
     targets: torch.Tensor  # [num_scored]
 
 
-def score(scorer: ModelScorer, chunks: EvalChunks, batch: int | None = None) -> ScoredLogProbs:
+def score(
+    scorer: ModelScorer,
+    chunks: EvalChunks,
+    batch: int | None = None,
+    on_scored: Callable[[int], None] | None = None,
+) -> ScoredLogProbs:
+    """`on_scored(n)` after each batch of n chunks (progress)."""
     batch = batch or scorer.max_sequences
     parts = []
     for start in range(0, len(chunks.chunks), batch):
         seqs = chunks.chunks[start : start + batch]
         for lp in scorer.log_probs(seqs, first=chunks.first):
             parts.append(lp[:-1])  # the last position has no next token in the chunk
+        if on_scored is not None:
+            on_scored(len(seqs))
     targets = torch.tensor(
         [t for c in chunks.chunks for t in c[chunks.first + 1 :]], dtype=torch.int64
     )

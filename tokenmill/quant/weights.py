@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -89,9 +90,12 @@ def convert(
     return as_float(weight)
 
 
-def calibrate_weights(files: ModelFiles, plan: QuantPlan) -> dict[str, torch.Tensor]:
+def calibrate_weights(
+    files: ModelFiles, plan: QuantPlan, on_layer: Callable[[], None] | None = None
+) -> dict[str, torch.Tensor]:
     """Folds the plan's calibration scales into files.weights (made float) and returns the
-    outlier channels per group (empty unless the plan keeps some)."""
+    outlier channels per group (empty unless the plan keeps some); `on_layer()` after each
+    layer's scales are chosen (progress)."""
     from tokenmill.quant.calibration import (
         calibrate,
         collect_activation_stats,
@@ -110,9 +114,9 @@ def calibrate_weights(files: ModelFiles, plan: QuantPlan) -> dict[str, torch.Ten
     # Scales are searched for the plan's scheme in every group, also those a plan keeps in
     # higher precision (exact there): a plan then serves the weights its search measured.
     if plan.scheme in CALIBRATED_SCHEMES:
-        choices = calibrate(files.arch, weights, stats, lambda group: plan.scheme)
+        choices = calibrate(files.arch, weights, stats, lambda group: plan.scheme, on_layer)
     else:
-        choices = calibrate(files.arch, weights, stats, plan.format_for)
+        choices = calibrate(files.arch, weights, stats, plan.format_for, on_layer)
     outliers = {}
     if plan.outlier_channels:
         outliers = select_outlier_channels(
