@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tokenmill.ports import add_port_range_option
+
 if TYPE_CHECKING:  # the harness is imported when `bench` runs, not to build the CLI
     from tokenmill.bench.plan import Plan
     from tokenmill.bench.session import Source
@@ -65,6 +67,7 @@ def add_bench_parser(sub) -> None:
         help="add a llama-server row on another file, e.g. an F16 GGUF (repeatable)",
     )  # fmt: skip
     c.add_argument("--baseline", default=None, help="target the ratios divide by")
+    add_port_range_option(c, "servers")
     add_load_and_workload_args(p)
     o = p.add_argument_group("output")
     o.add_argument("--slo", default=None, help="goodput SLOs, e.g. ttft=500ms,tpot=50ms")
@@ -210,8 +213,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tokenmill.bench.report.write import write_report
     from tokenmill.bench.session import run_session
     from tokenmill.console import OutputConsole
+    from tokenmill.ports import PortPool
 
     console = OutputConsole(width=None if sys.stdout.isatty() else 200)
+    if args.port_range is not None and not args.compare:
+        raise ValueError("--port-range: for the servers --compare starts")
     plan = build_plan(args)
     sources, baseline = build_sources(args, plan)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -230,8 +236,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         wait_idle_s=args.wait_idle,
         retry_busy=args.retry_busy,
     )
+    ports = PortPool(args.port_range) if args.port_range is not None else None
     results, workloads, skipped = asyncio.run(
-        run_session(sources, plan, options, console, out_dir / "logs", args.prompt_source)
+        run_session(sources, plan, options, console, out_dir / "logs", args.prompt_source, ports)
     )
     if not results:
         console.print("[red]no results")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,9 @@ from pathlib import Path
 
 import httpx
 
+from tokenmill.ports import PortPool, free_port
+
 LLAMA_CPP_VERSION = "0.3.36"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def find_llama_server() -> Path | None:
@@ -74,11 +69,12 @@ def llama_server_spec(
 
 
 class ManagedServer:
-    """A started server process; its log goes to `log_path`. Use as a context manager."""
+    """A started server process; its log goes to `log_path`. Use as a context manager. Its
+    port comes from `ports` (default: any free one)."""
 
-    def __init__(self, spec: ServerSpec, log_dir: Path) -> None:
+    def __init__(self, spec: ServerSpec, log_dir: Path, ports: PortPool | None = None) -> None:
         self.spec = spec
-        self.port = free_port()
+        self.port = ports.take() if ports is not None else free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"{spec.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -16,6 +16,7 @@ from tokenmill.bench.prompts import prompt_maker
 from tokenmill.bench.results import RunResult
 from tokenmill.bench.sweep import run_sweep
 from tokenmill.bench.workloads import Workload, build_workload
+from tokenmill.ports import PortPool
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,13 @@ class Source:
 
 
 @contextlib.asynccontextmanager
-async def running(source: Source, log_dir, console: Console) -> AsyncIterator[Target]:
+async def running(
+    source: Source, log_dir, console: Console, ports: PortPool | None = None
+) -> AsyncIterator[Target]:
     if source.server is None:
         yield source.target
         return
-    server = ManagedServer(source.server, log_dir)
+    server = ManagedServer(source.server, log_dir, ports)
     console.print(f"[bold]starting {source.target.name}:[/] {' '.join(server.command)}")
     server.start()
     try:
@@ -72,15 +75,17 @@ async def run_session(
     console: Console,
     log_dir,
     prompt_source: str = "auto",
+    ports: PortPool | None = None,
 ) -> tuple[list[RunResult], list[Workload], list[str]]:
-    """Runs every source in turn (one server up at a time); prompts come from the first
-    target that is up and are reused for all. Returns results, workloads, skipped notes."""
+    """Runs every source in turn (one server up at a time, on a port from `ports`); prompts
+    come from the first target that is up and are reused for all. Returns results,
+    workloads, skipped notes."""
     results: list[RunResult] = []
     workloads: list[Workload] | None = None
     skipped: list[str] = []
     for source in sources:
         try:
-            async with running(source, log_dir, console) as target:
+            async with running(source, log_dir, console, ports) as target:
                 if workloads is None:
                     workloads = await build_workloads(
                         plan, target.base_url, prompt_source, options.seed

@@ -6,6 +6,7 @@ import itertools
 from pathlib import Path
 
 from tokenmill.cluster.launcher import Launcher, WorkerHandle, WorkerRequest, WorkerState
+from tokenmill.ports import PortPool
 from tokenmill.router.cluster import ReplicaProcess, start_replica, wait_ready
 
 
@@ -39,8 +40,10 @@ class LocalLauncher(Launcher):
         host: str = "127.0.0.1",
         log_level: str = "WARNING",
         api_key: str | None = None,
+        ports: PortPool | None = None,
     ) -> None:
         self.log_dir = log_dir
+        self.ports = ports if ports is not None else PortPool()  # one pool: no port twice
         self.host = host
         self.log_level = log_level
         self.api_key = api_key
@@ -49,7 +52,7 @@ class LocalLauncher(Launcher):
     def start(self, request: WorkerRequest) -> LocalWorker:
         proc = start_replica(
             request.serve_argv(), self.log_dir, request.threads, self.host, self.log_level,
-            self.api_key,
+            self.api_key, ports=self.ports,
         )  # fmt: skip
         return LocalWorker(f"{request.role}-{next(self._ids)}", request, proc)
 

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tokenmill.ports import add_port_range_option
 from tokenmill.router.config import POLICIES, CostWeights, GuardConfig, RouterConfig
 from tokenmill.router.disagg import DISAGG_MODES, DisaggConfig
 from tokenmill.router.replicas import ReplicaSpec
@@ -149,6 +150,7 @@ def add_router_parsers(sub, add_engine_args) -> None:
         "their streams then wait for at most that much prefill per step)",
     )  # fmt: skip
     c.add_argument("--log-dir", default=None, help="replica logs (default: a temp folder)")
+    add_port_range_option(c, "replicas (HTTP, KV events, replay: 3 each)")
     add_ray_args(c)
     add_router_args(c)
     before = list(c._actions)
@@ -296,6 +298,7 @@ def cluster_roles(replicas: int, prefill: int, decode: int) -> list[str]:
 def cmd_cluster(args: argparse.Namespace) -> int:
     from tokenmill.cluster.launcher import Launcher, WorkerRequest
     from tokenmill.cluster.manager import ClusterManager
+    from tokenmill.ports import PortPool
     from tokenmill.router.auth import resolve_api_key
     from tokenmill.router.cluster import threads_per_replica
 
@@ -304,6 +307,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     roles = cluster_roles(args.replicas, args.prefill, args.decode)
     config = router_config(args)  # validate before starting anything
     ray = ray_config(args) if args.ray else None
+    if ray is not None and args.port_range is not None:
+        raise ValueError("--port-range: local replicas only (Ray workers bind free ports)")
     if args.gateway_config is not None:
         from tokenmill.gateway.config import load_gateway_config
 
@@ -329,7 +334,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
         threads = args.num_threads or threads_per_replica(len(roles))
         log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="tokenmill-cluster-"))
-        launcher = LocalLauncher(log_dir, log_level=level, api_key=replica_key)
+        ports = PortPool(args.port_range, exclude=[args.port])  # the router binds --port
+        launcher = LocalLauncher(log_dir, log_level=level, api_key=replica_key, ports=ports)
         where = f"logs in {log_dir}"
 
     def request_for(role: str) -> WorkerRequest:

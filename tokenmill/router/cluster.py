@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,11 @@ from pathlib import Path
 
 import httpx
 
+from tokenmill.ports import PortPool, free_port  # noqa: F401  (imported from here too)
 from tokenmill.router.auth import API_KEY_ENV
 from tokenmill.router.replicas import ReplicaSpec
 
 logger = logging.getLogger("tokenmill.router")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -71,11 +65,13 @@ def start_replica(
     log_level: str = "WARNING",
     api_key: str | None = None,
     prefix: Sequence[str] = (),
+    ports: PortPool | None = None,
 ) -> ReplicaProcess:
     """With `api_key`, the replica requires it; it goes through the environment (argv is
     visible to every user in `ps`). `prefix` comes before the command (a wrapper that
-    execs it)."""
-    port, events, replay = free_port(host), free_port(host), free_port(host)
+    execs it). Its HTTP, event and replay ports come from `ports` (default: any free)."""
+    ports = ports if ports is not None else PortPool()
+    port, events, replay = ports.take(host), ports.take(host), ports.take(host)
     spec = ReplicaSpec(f"http://{host}:{port}", f"tcp://{host}:{events}", f"tcp://{host}:{replay}")
     cmd = [
         sys.executable, "-m", "tokenmill.cli", "--log-level", log_level, "serve",
@@ -126,6 +122,7 @@ def start_cluster(
     log_level: str = "WARNING",
     api_key: str | None = None,
     roles: list[str] | None = None,
+    ports: PortPool | None = None,
 ) -> list[ReplicaProcess]:
     """Starts n replicas (each with its --role, if given) and waits until all are healthy
     (stops them all on failure)."""
@@ -137,7 +134,9 @@ def start_cluster(
             if roles is not None and roles[i] != "both":
                 argv = [*engine_argv, "--role", roles[i]]
             replicas.append(
-                start_replica(argv, log_dir, threads, log_level=log_level, api_key=api_key)
+                start_replica(
+                    argv, log_dir, threads, log_level=log_level, api_key=api_key, ports=ports
+                )
             )
         wait_ready(replicas)
     except BaseException:

@@ -17,6 +17,7 @@ DEFAULTS: dict = {}  # the defaults' configuration: no flags
 
 def add_tune_parser(sub) -> None:
     from tokenmill.bench.cli import add_load_and_workload_args
+    from tokenmill.ports import add_port_range_option
 
     p = sub.add_parser(
         "tune",
@@ -49,6 +50,7 @@ def add_tune_parser(sub) -> None:
         help="extra runs of the chosen configuration, for the run-to-run spread",
     )  # fmt: skip
     t.add_argument("--output-dir", default=None, help="default ./tune-results/<timestamp>")
+    add_port_range_option(t, "trial servers (and their replicas)")
     t.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_tune)
 
@@ -94,7 +96,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     )  # fmt: skip
     runner = TrialRunner(
         plan, options, args.model, out / "logs", console, args.endpoint,
-        tuple(shlex.split(args.serve_args)),
+        tuple(shlex.split(args.serve_args)), args.port_range,
     )  # fmt: skip
 
     def measure(config: dict, attempt: int = 1) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from rich.console import Console
@@ -17,6 +18,7 @@ from tokenmill.bench.execute import RunOptions
 from tokenmill.bench.peers import ServerSpec
 from tokenmill.bench.plan import Plan
 from tokenmill.bench.session import Source, run_session
+from tokenmill.ports import PortPool, PortRange
 from tokenmill.tune.space import Config, config_argv, config_key, launch_command
 from tokenmill.tune.trials import Trial
 
@@ -30,22 +32,37 @@ class TrialRunner:
     console: Console
     endpoint: str = "completions"
     extra_serve_args: tuple[str, ...] = ()  # fixed for every trial (e.g. --num-threads)
+    port_range: PortRange | None = None  # the trial servers' ports (a cluster's replicas too)
+
+    @cached_property
+    def ports(self) -> PortPool:
+        return PortPool(self.port_range)
 
     def serve_argv(self, config: Config) -> list[str]:
         return [*self.extra_serve_args, *config_argv(config)]
 
-    def run(self, config: Config, attempt: int = 1) -> Trial:
-        """A trial on `tokenmill serve`, or on `tokenmill cluster` (replicas + router) when
-        the configuration asks for more than one replica."""
+    def server(self, config: Config) -> ServerSpec:
+        """`tokenmill serve`, or `tokenmill cluster` (replicas + router) when the
+        configuration asks for more than one replica."""
         name = f"trial-{config_key(config)}"
+        command = launch_command(config)
         model = ["--model", self.model] if self.model else []
+        # a cluster's replicas take their ports from the range too
+        ports = ["--port-range", str(self.port_range)] if self.port_range else []
         argv = (
-            sys.executable, "-m", "tokenmill.cli", launch_command(config), "--host",
-            "127.0.0.1", "--port", "{port}", *model, *self.serve_argv(config),
+            sys.executable, "-m", "tokenmill.cli", command, "--host", "127.0.0.1",
+            "--port", "{port}", *(ports if command == "cluster" else []), *model,
+            *self.serve_argv(config),
         )  # fmt: skip
-        source = Source(Target(name, "", endpoint=self.endpoint), server=ServerSpec(name, argv))
+        return ServerSpec(name, argv)
+
+    def run(self, config: Config, attempt: int = 1) -> Trial:
+        server = self.server(config)
+        source = Source(Target(server.name, "", endpoint=self.endpoint), server=server)
         results, _, skipped = asyncio.run(
-            run_session([source], self.plan, self.options, self.console, self.log_dir)
+            run_session(
+                [source], self.plan, self.options, self.console, self.log_dir, ports=self.ports
+            )
         )
         if not results:  # the server did not start with these flags
             note = skipped[0] if skipped else "no result"
