@@ -8,7 +8,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -16,6 +16,7 @@ from fastapi import Request
 
 from tokenmill.engine.async_llm import AsyncLLM, QueueFullError, RequestFailedError
 from tokenmill.engine.core_client import EngineDeadError
+from tokenmill.server.cpu_pool import off_loop
 from tokenmill.server.errors import APIError, from_value_error
 from tokenmill.server.metrics import ServerMetrics
 from tokenmill.server.settings import ServerSettings
@@ -79,12 +80,6 @@ class ServerState:
             )
         if not self.engine.healthy:
             raise engine_dead(self.engine.dead_reason)
-
-
-async def off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """CPU work (tokenization, templates) on a worker thread: the event loop keeps serving
-    every other request and stream meanwhile."""
-    return await asyncio.to_thread(fn, *args)
 
 
 def new_id(prefix: str) -> str:
