@@ -245,6 +245,7 @@ def build_app(
         state.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("exactly one of prompt or messages is required", param="prompt")
+        _check_prompt_fields(req)
         if req.messages is not None:
             chat = ChatCompletionRequest(
                 model=state.model_name,
@@ -336,6 +337,21 @@ def build_app(
     )
     add_request_bodies(app, REQUEST_BODIES)
     return app
+
+
+# /tokenize fields that shape a chat prompt: with `prompt` they would change nothing
+_CHAT_ONLY = ("add_generation_prompt", "continue_final_message", "tools", "chat_template_kwargs")
+
+
+def _check_prompt_fields(req: TokenizeRequest) -> None:
+    """A chat-only field set (to other than its default, or empty) with `prompt` is a 400
+    naming it."""
+    if req.prompt is None:
+        return
+    for name in _CHAT_ONLY:
+        value = getattr(req, name)
+        if value != TokenizeRequest.model_fields[name].default and value not in ([], {}):
+            raise bad_request(f"{name}: applies to messages, not to a prompt", param=name)
 
 
 def _weights_metadata(info: dict) -> dict:

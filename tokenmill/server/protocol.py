@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tokenmill.server.unsupported import one_of, unsupported
+
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 # Every integer is bounded before it reaches the engine (msgpack frames and torch tensors
@@ -115,6 +117,7 @@ class ChatMessage(APIModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    function_call: unsupported("the legacy function_call; send tool_calls") = None
 
     @model_validator(mode="after")
     def _tool_result_names_its_call(self) -> ChatMessage:
@@ -184,6 +187,18 @@ class SamplingFields(SamplingKnobs):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM extensions this server does not implement
+    use_beam_search: unsupported("beam search") = None
+    length_penalty: unsupported("beam search's length_penalty", one_of(1)) = None
+    bad_words: unsupported("bad_words (logit_bias can ban token ids)") = None
+    allowed_token_ids: unsupported(
+        "allowed_token_ids (guided_choice, guided_regex or a grammar constrain the output)"
+    ) = None
+    prompt_logprobs: unsupported("prompt_logprobs (/v1/completions: echo with logprobs)") = None
+    truncate_prompt_tokens: unsupported("prompt truncation") = None
+    return_tokens_as_token_ids: unsupported("token ids in place of logprobs' tokens") = None
+    logits_processors: unsupported("custom logits processors") = None
+    guided_whitespace_pattern: unsupported("a JSON whitespace pattern") = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -215,6 +230,21 @@ class ChatCompletionRequest(SamplingFields):
     # Trusted callers only (the server must allow it): control-token strings in messages
     # become control tokens instead of text.
     special_tokens_in_content: bool = False
+    # OpenAI's fields this server does not implement
+    audio: unsupported("audio output") = None
+    modalities: unsupported('output modalities other than ["text"]', one_of(["text"])) = None
+    functions: unsupported("the legacy functions; send tools") = None
+    function_call: unsupported("the legacy function_call; send tool_choice") = None
+    web_search_options: unsupported("web search") = None
+    reasoning_effort: unsupported("reasoning effort", one_of("none")) = None
+    verbosity: unsupported("verbosity other than medium", one_of("medium")) = None
+    # vLLM's
+    chat_template: unsupported("a per-request chat template (the model's is used)") = None
+    documents: unsupported("documents for the chat template (put them in messages)") = None
+    echo: unsupported("echo on chat (/v1/completions echoes prompts)") = None
+    add_special_tokens: unsupported(
+        "special tokens on top of the chat template's (it places its own)"
+    ) = None
 
 
 class CompletionRequest(SamplingFields):
@@ -230,6 +260,10 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=MAX_N)
+    # vLLM's: prompts always get the tokenizer's special tokens here
+    add_special_tokens: unsupported(
+        "prompts without the tokenizer's special tokens", lambda v: v in (None, True)
+    ) = None
 
 
 class TokenizeRequest(APIModel):
@@ -242,6 +276,7 @@ class TokenizeRequest(APIModel):
     continue_final_message: bool = False
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: unsupported("token strings (POST /detokenize decodes ids)") = None
 
 
 class KVDigestsRequest(APIModel):

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, Discriminator, Field, Tag
 
 from tokenmill.server.protocol import INT32_MAX, APIModel, FunctionDefinition, SamplingKnobs
+from tokenmill.server.unsupported import asks_nothing, one_of, unsupported
 
 MAX_INPUT_ITEMS = 1024  # items in one request's input
 MAX_CONTEXT_ITEMS = 4096  # with the previous responses' items prepended
@@ -172,7 +173,16 @@ class TextConfig(APIModel):
     format: by_type(FormatText, FormatJsonObject, FormatJsonSchema, what="text format") | None = (
         None
     )
-    verbosity: Literal["low", "medium", "high"] | None = None
+    verbosity: unsupported("verbosity other than medium", one_of("medium")) = None
+
+
+def no_reasoning(value: Any) -> bool:
+    """`reasoning` that asks for none (effort null or "none", no summary)."""
+    if not isinstance(value, dict):
+        return asks_nothing(value)
+    return value.get("effort") in (None, "none") and asks_nothing(
+        {k: v for k, v in value.items() if k != "effort"}
+    )
 
 
 class ResponsesRequest(SamplingKnobs):
@@ -199,3 +209,13 @@ class ResponsesRequest(SamplingKnobs):
     stream: bool = False
     # extension (as chat's): extra variables for the chat template
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's fields this server does not implement
+    conversation: unsupported(
+        "conversations (no Conversations API here: send the earlier turns in `input`, or "
+        "continue from previous_response_id)"
+    ) = None
+    prompt: unsupported("stored prompt templates (send the text in `instructions`/`input`)") = None
+    include: unsupported("extra output data (logprobs, reasoning, tool results)") = None
+    top_logprobs: unsupported("logprobs in Responses (/v1/chat/completions returns them)") = None
+    reasoning: unsupported("reasoning effort or summaries", no_reasoning) = None
+    context_management: unsupported("context compaction (truncation: auto drops old turns)") = None
