@@ -137,3 +137,12 @@ def test_template_variables_must_be_a_mapping(files, value):
             files.chat_template, files.tokenizer, [{"role": "user", "content": "x"}],
             chat_template_kwargs=value,
         )  # fmt: skip
+
+
+def test_template_variable_names_must_be_strings(files):
+    """JSON cannot send one, the offline API can."""
+    with pytest.raises(ChatTemplateError, match="chat_template_kwargs: keys must be strings"):
+        render_chat(
+            files.chat_template, files.tokenizer, [{"role": "user", "content": "x"}],
+            chat_template_kwargs={1: "x"},
+        )  # fmt: skip
