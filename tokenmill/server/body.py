@@ -24,9 +24,9 @@ def _reject_constant(name: str) -> Any:
 
 
 # in a JSON text, what could make a lone surrogate (an escape of one) or an integer past 64
-# bits (20 digits or more); a text without either needs only the containers walked
+# bits (19 digits or more: -2**63 has 19); a text with neither needs only its containers walked
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
-_MAYBE_BIG_INT = re.compile(rb"\d{20}")
+_MAYBE_BIG_INT = re.compile(rb"\d{19}")
 
 
 def _depth_within(value: Any, max_depth: int) -> bool:
