@@ -26,6 +26,7 @@ from tokenmill.server.body import parse_body, validation_error
 from tokenmill.server.effective_config import effective_config
 from tokenmill.server.errors import APIError, bad_request, error_body
 from tokenmill.server.openapi import add_request_bodies
+from tokenmill.server.parse_process import ParseProcess
 from tokenmill.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -109,6 +110,7 @@ def build_app(
         await sampler.stop()
         if gateway is not None:
             await gateway.stop()
+        app.state.parse_process.close()
         state.draining = True
         await engine.shutdown()
         if state._compiler is not None:
@@ -116,6 +118,7 @@ def build_app(
 
     app = FastAPI(title="tokenmill", version=tokenmill.__version__, lifespan=lifespan)
     app.state.tm = state
+    app.state.parse_process = ParseProcess()  # large bodies, parsed away from the loop
     if settings.api_key:
         app.add_middleware(
             APIKeyMiddleware, api_key=settings.api_key, open_paths=settings.open_paths

@@ -1,11 +1,13 @@
 """Request bodies, read as hostile input: bounded size, strict JSON (no NaN/Infinity, no
 lone surrogates, bounded nesting), then the endpoint's pydantic model. Every failure is a
-4xx in the OpenAI envelope, and large bodies are parsed off the event loop."""
+4xx in the OpenAI envelope, and large bodies are parsed away from the event loop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from fastapi import Request
@@ -14,9 +16,10 @@ from pydantic import BaseModel, ValidationError
 
 from tokenmill.server.cpu_pool import off_loop
 from tokenmill.server.errors import APIError, bad_request
+from tokenmill.server.parse_process import ParseProcess
 
 MAX_JSON_DEPTH = 100  # schemas are bounded at 64 levels inside this (structured/limits.py)
-_OFF_LOOP_BYTES = 64 * 1024  # above: parsed on a worker thread (~1 ms of work)
+_OFF_LOOP_BYTES = 64 * 1024  # above: parsed in another process (~1 ms of work or more)
 
 
 def _reject_constant(name: str) -> Any:
@@ -168,7 +171,7 @@ def _most_specific(errors: list[Any]) -> Any:
     )
 
 
-def _parse(body: bytes, model: type[BaseModel]) -> Any:
+def parse_model(body: bytes, model: type[BaseModel]) -> Any:
     data = decode_json(body)
     try:
         return model.model_validate(data)
@@ -202,7 +205,15 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
 
 
 async def parse_body(request: Request, model: type[BaseModel], max_bytes: int) -> Any:
+    """The body as `model`: small ones here, large ones in the app's parse process
+    (`app.state.parse_process`) or, while it starts or without one, on the CPU pool."""
     body = await read_body(request, max_bytes)
-    if len(body) > _OFF_LOOP_BYTES:
-        return await off_loop(_parse, body, model)
-    return _parse(body, model)
+    if len(body) <= _OFF_LOOP_BYTES:
+        return parse_model(body, model)
+    parser: ParseProcess | None = getattr(request.app.state, "parse_process", None)
+    if parser is not None:
+        if parser.ready:
+            with contextlib.suppress(BrokenProcessPool):  # it died: parsed here, restarted
+                return await parser.parse(body, model)
+        parser.start()
+    return await off_loop(parse_model, body, model)
