@@ -186,7 +186,7 @@ def stall_part(lengths: list[int]) -> dict:
     from tokenmill import SamplingParams
     from tokenmill.config import CacheConfig, EngineConfig, ModelConfig
     from tokenmill.engine.core import EngineCore
-    from tokenmill.engine.core_types import EngineCoreRequest
+    from tokenmill.messages import EngineCoreRequest
 
     core = EngineCore(EngineConfig(ModelConfig(), CacheConfig(kv_cache_memory_bytes=1 << 30),
                                    num_threads=1))  # fmt: skip

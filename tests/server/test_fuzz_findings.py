@@ -8,9 +8,9 @@ import json
 import pytest
 
 from tests.server.conftest import MODEL
-from tokenmill.server.body import decode_json
 from tokenmill.server.constraints import requested_constraints
 from tokenmill.server.errors import APIError
+from tokenmill.server.json_body import decode_json
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.server.state import sse
 

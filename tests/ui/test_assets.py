@@ -260,8 +260,8 @@ def test_the_static_files_and_licences_ship_in_the_package():
 
 
 def test_kv_usage_is_charted_per_tier():
-    from tokenmill.engine.core_types import SchedulerStats
     from tokenmill.server.metrics import ServerMetrics
+    from tokenmill.stats import SchedulerStats
 
     metrics = ServerMetrics("m")
     tiers = {

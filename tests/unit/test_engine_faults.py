@@ -11,8 +11,8 @@ from tokenmill import LLM, SamplingParams
 from tokenmill.engine.arg_utils import build_engine_config
 from tokenmill.engine.core import EngineCore
 from tokenmill.engine.core_proc import EngineCoreProc
-from tokenmill.engine.core_types import EngineCoreOutputs, EngineCoreRequest
 from tokenmill.engine.serialization import decode_outputs, encode_outputs, encode_request
+from tokenmill.messages import EngineCoreOutputs, EngineCoreRequest
 
 
 def run(llm: LLM, items: list[tuple[list[int], SamplingParams]], poison=None) -> dict:

@@ -16,10 +16,10 @@ import zmq
 
 from tokenmill.config import CacheConfig, EngineConfig, KVTransferConfig, ModelConfig
 from tokenmill.engine.core import EngineCore
-from tokenmill.engine.core_types import EngineCoreRequest
 from tokenmill.kv.connector.params import KVTransferParams
 from tokenmill.kv.connector.wire import PullRequest, unpack_header
 from tokenmill.kv.hashing import block_hashes
+from tokenmill.messages import EngineCoreRequest
 from tokenmill.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from tokenmill.engine.core_types import (
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    SchedulerStats,
-)
 from tokenmill.engine.serialization import (
     decode_outputs,
     decode_request,
     encode_outputs,
     encode_request,
 )
+from tokenmill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from tokenmill.sampling_params import RepetitionDetection, RequestOutputKind, SamplingParams
+from tokenmill.stats import SchedulerStats
 from tokenmill.structured.spec import StructuredOutputsParams
 
 

@@ -18,11 +18,11 @@ from tests.unit.test_invariance import run_checked
 from tests.unit.test_model_parity import write_gguf
 from tokenmill import LLM, SamplingParams
 from tokenmill.config import MAX_SPEC_ROWS, SpeculativeConfig
-from tokenmill.engine.core_types import EngineCoreOutputs, SchedulerStats, SpecDecodeStats
 from tokenmill.engine.serialization import decode_outputs, encode_outputs
+from tokenmill.messages import EngineCoreOutputs
 from tokenmill.request import Request
 from tokenmill.sampling.sampler import Sampler
-from tokenmill.scheduler.scheduler import ScheduledRequest
+from tokenmill.scheduler.output import ScheduledRequest
 from tokenmill.spec.draft_policy import (
     FRESH_STEPS,
     MIN_CHAIN_PROB,
@@ -35,6 +35,7 @@ from tokenmill.spec.draft_policy import (
 )
 from tokenmill.spec.ngram import NgramProposer
 from tokenmill.spec.verify import accept_drafts
+from tokenmill.stats import SchedulerStats, SpecDecodeStats
 from tokenmill.worker.model_runner import ModelRunner
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tokenmill.engine import startup
-from tokenmill.engine.startup import run_at_low_priority
+from tokenmill.platform import run_at_low_priority
 
 
 def nice_of(tid: int) -> int:

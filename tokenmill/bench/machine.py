@@ -9,15 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from tokenmill.platform import cpu_model
 
 
 def git_commit() -> str | None:

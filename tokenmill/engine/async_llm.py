@@ -19,13 +19,14 @@ from typing import Protocol
 
 from tokenmill.config import EngineConfig
 from tokenmill.engine.core_client import EngineCoreClient, EngineDeadError
-from tokenmill.engine.core_types import EngineCoreOutputs, SchedulerStats
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.processor import InputProcessor
 from tokenmill.engine.startup import StartupProfile
+from tokenmill.messages import EngineCoreOutputs
 from tokenmill.model.model_files import ModelFiles, read_model_info
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.stats import SchedulerStats
 from tokenmill.structured.spec import CONSTRAINT_FAILED, ConstraintFailedError
 
 logger = logging.getLogger(__name__)

@@ -13,12 +13,6 @@ import zmq
 
 from tokenmill.cache_dirs import cache_root
 from tokenmill.config import EngineConfig, SchedulerConfig
-from tokenmill.engine.core_types import (
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    SchedulerStats,
-)
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.inputs.validation import validate_params, validate_prompt
 from tokenmill.kernels import ops
@@ -28,6 +22,7 @@ from tokenmill.kv.events import KVEventCollector, KVEventPublisher
 from tokenmill.kv.hashing import block_hashes
 from tokenmill.kv.manager import KVCacheManager, cdiv
 from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
+from tokenmill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from tokenmill.model.linear import NativeMethod, get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.model_files import ModelFiles
@@ -35,9 +30,11 @@ from tokenmill.model.prefetch import WeightPrefetch
 from tokenmill.quant.weights import load_for_plan
 from tokenmill.request import Request, RequestStatus
 from tokenmill.sampling_params import RepetitionDetection, SamplingParams
-from tokenmill.scheduler.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tokenmill.scheduler.output import ModelRunnerOutput, SchedulerOutput
+from tokenmill.scheduler.scheduler import Scheduler
 from tokenmill.spec.proposer import build_proposer
 from tokenmill.spec.traffic import TrafficRecorder
+from tokenmill.stats import SchedulerStats
 from tokenmill.structured.closing import char_tokens, token_starts
 from tokenmill.structured.grammar import GrammarCompiler
 from tokenmill.structured.loops import RepetitionDetector

@@ -15,8 +15,8 @@ import zmq.asyncio
 
 from tokenmill.config import EngineConfig
 from tokenmill.engine.core_entry import EarlyEngineCore, run_engine_core
-from tokenmill.engine.core_types import EngineCoreOutputs, EngineCoreRequest
 from tokenmill.engine.serialization import decode_outputs, encode_request, pack, unpack
+from tokenmill.messages import EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger(__name__)
 

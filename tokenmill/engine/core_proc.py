@@ -22,9 +22,9 @@ import zmq
 
 from tokenmill.config import EngineConfig
 from tokenmill.engine.core import EngineCore, QueueFullError
-from tokenmill.engine.core_types import EngineCoreOutput, EngineCoreOutputs
 from tokenmill.engine.serialization import decode_request, encode_outputs, pack, unpack
 from tokenmill.engine.startup import StartupProfile
+from tokenmill.messages import EngineCoreOutput, EngineCoreOutputs
 from tokenmill.model.prefetch import WeightPrefetch
 
 logger = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from tokenmill.engine.core_types import EngineCoreOutput, PositionLogprobs
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
+from tokenmill.messages import EngineCoreOutput, PositionLogprobs
 from tokenmill.model.tokenizer import Tokenizer
 from tokenmill.outputs import CompletionOutput, Logprob, PositionLogprobDict, RequestOutput
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams

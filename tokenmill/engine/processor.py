@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenmill.engine.core_types import EngineCoreRequest
 from tokenmill.inputs.chat import render_chat
 from tokenmill.inputs.prompts import tokenize_prompt
 from tokenmill.inputs.validation import validate_params, validate_prompt
+from tokenmill.messages import EngineCoreRequest
 from tokenmill.model.chat_template import ChatTemplate
 from tokenmill.model.tokenizer import Tokenizer
 from tokenmill.sampling_params import SamplingParams

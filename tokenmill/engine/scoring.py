@@ -8,7 +8,7 @@ import torch
 from tokenmill.engine.core import EngineCore
 from tokenmill.request import Request
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.scheduler import ScheduledRequest
+from tokenmill.scheduler.output import ScheduledRequest
 from tokenmill.worker.input_batch import build_model_input
 
 

@@ -7,14 +7,9 @@ from typing import Any
 
 import msgpack
 
-from tokenmill.engine.core_types import (
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreRequest,
-    SchedulerStats,
-    SpecDecodeStats,
-)
+from tokenmill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from tokenmill.sampling_params import RepetitionDetection, RequestOutputKind, SamplingParams
+from tokenmill.stats import SchedulerStats, SpecDecodeStats
 from tokenmill.structured.spec import StructuredOutputsParams
 
 _PARAM_FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]

@@ -7,16 +7,10 @@ time line. Logged at debug level as they end; `/server_info` reports the whole p
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import sys
-import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 logger = logging.getLogger("tokenmill.startup")
 
@@ -33,37 +27,6 @@ def process_start_time(pid: int | None = None) -> float | None:
         return time.time() - max(0.0, age)
     except (OSError, ValueError, IndexError, AttributeError):
         return None
-
-
-def lower_thread_priority(nice: int = 10) -> None:
-    """Start-up work off the critical path yields to it: a higher nice value for the
-    calling thread only (Linux schedules threads; threads it starts inherit the value, so
-    call it on a thread that ends with its work). Elsewhere, or refused: nothing."""
-    if not sys.platform.startswith("linux"):  # elsewhere the id would name a process
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-
-
-def run_at_low_priority(fn: Callable[..., T], *args: Any) -> T:
-    """fn(*args) on a new thread at a lower priority (lower_thread_priority), the caller
-    waiting; its exception is raised here."""
-    result: list = []
-
-    def run() -> None:
-        lower_thread_priority()
-        try:
-            result.append((True, fn(*args)))
-        except BaseException as e:  # re-raised in the caller
-            result.append((False, e))
-
-    thread = threading.Thread(target=run, name="start-up")
-    thread.start()
-    thread.join()
-    ok, value = result[0]
-    if not ok:
-        raise value
-    return value
 
 
 class StartupProfile:

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import jsonschema_rs
 
+from tokenmill.gateway.config_values import mapping, string
 from tokenmill.gateway.errors import GatewayConfigError
 
 DEFAULT_REFUSAL = "The requested tool call was blocked by policy."
@@ -47,8 +48,6 @@ class ToolCallVerdict:
 
 
 def parse_tool_policy(raw: object, path: str) -> ToolPolicy:
-    from tokenmill.gateway.config import mapping, string
-
     keys = {"allow", "validate_arguments", "deny_patterns", "allowed_hosts", "refusal"}
     values = mapping(raw, path, keys)
 

@@ -11,7 +11,8 @@ step, model or method takes the per-layer path.
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -19,8 +20,14 @@ from tokenmill.kernels.build import load_kernels
 from tokenmill.model.attention import AttentionMetadata, CPUPagedBackend
 from tokenmill.model.linear import PACKED_GEMV_MAX_ROWS, PackedLinear
 
-if TYPE_CHECKING:
-    from tokenmill.model.llama import LlamaForCausalLM
+
+class DecodeModel(Protocol):
+    """What the fused decoder reads of a model (model/llama.py's DecodeModel)."""
+
+    config: Any  # ArchConfig
+    layers: Sequence[Any]  # decoder layers: projections and norms
+    rope: Any  # its cos / sin tables
+    method: Any  # how its weights run (fused_decode: whether it may)
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
@@ -76,7 +83,7 @@ class FusedDecoder:
     """The native per-step call for one model and one set of KV caches."""
 
     def __init__(
-        self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], attn: CPUPagedBackend
+        self, model: DecodeModel, kv_caches: list[torch.Tensor], attn: CPUPagedBackend
     ):
         cfg = model.config
         self.layers = (DecodeLayer * len(model.layers))()
@@ -106,7 +113,7 @@ class FusedDecoder:
         )
 
     @staticmethod
-    def supports(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], attn) -> bool:
+    def supports(model: DecodeModel, kv_caches: list[torch.Tensor], attn) -> bool:
         projections = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
         return (
             model.method.fused_decode

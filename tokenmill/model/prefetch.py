@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xxhash
 
-from tokenmill.engine.startup import lower_thread_priority
 from tokenmill.model.gguf_layout import packed_rows, rope_permuted, unpermuted_row_order
 from tokenmill.model.host_memory import anonymous_array
+from tokenmill.platform import lower_thread_priority
 
 if TYPE_CHECKING:
     import ctypes

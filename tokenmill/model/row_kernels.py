@@ -12,7 +12,8 @@ below a size cap, so a few hundred milliseconds at most) at 64, 128, ... rows an
 largest count up to which the integer-dot kernel was never slower; the answer is stored under
 the cache directory, keyed by the CPU, the kernels build, the thread count and the layer's
 format and shape, so later starts on the machine (and its numbers) do not change with a noisy
-minute. `TOKENMILL_INT_DOT_MAX_ROWS=N` (or `any`) sets it instead (benchmarks' A/B switch).
+minute. `--int-dot-max-rows N` (or `any`; $TOKENMILL_INT_DOT_MAX_ROWS) sets it instead (benchmarks'
+A/B switch).
 Where the integer-dot kernel wins at any count, the float32 copies kept for the GEMM are
 dropped (the embedded model's 525 MB)."""
 
@@ -24,16 +25,33 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from tokenmill.bench.machine import cpu_model
+from tokenmill import envs
 from tokenmill.cache_dirs import cache_root
 from tokenmill.kernels import ops
+from tokenmill.platform import cpu_model
 
-if TYPE_CHECKING:
-    from tokenmill.model.linear import PackedLinear
+
+class _Weight(Protocol):
+    name: str
+    rows: int
+    cols: int
+
+
+class TimedLayer(Protocol):
+    """A packed layer as the timing sees it (model/linear.py's PackedLinear)."""
+
+    weight: _Weight
+    int_dot: object | None  # the integer-dot repack (None: the layer has no such kernel)
+    float_linear: object | None  # the float copy for the GEMM (None: dequantized per call)
+
+    def int_dot_rows(self, x: torch.Tensor) -> object: ...
+
+    def gemm_rows(self, x: torch.Tensor) -> object: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +61,14 @@ UNLIMITED = 1 << 30
 # The sample layer: the largest with at most this many weights (about 200 ms of timing).
 _SAMPLE_MAX_WEIGHTS = 4 << 20
 _REPEATS = 3
-ENV = "TOKENMILL_INT_DOT_MAX_ROWS"
+ENV = envs.INT_DOT_MAX_ROWS.name
 
 
 def cache_file() -> Path:
     return cache_root() / "calibration" / "int_dot_rows.json"
 
 
-def choose_sample(linears: Sequence[PackedLinear]) -> PackedLinear | None:
+def choose_sample(linears: Sequence[TimedLayer]) -> TimedLayer | None:
     """The layer to time: one with both kernels, the largest within the size cap (else the
     smallest); None when no layer has both."""
     both = [x for x in linears if x.int_dot is not None]
@@ -61,7 +79,7 @@ def choose_sample(linears: Sequence[PackedLinear]) -> PackedLinear | None:
     return max(within, key=size) if within else min(both, key=size)
 
 
-def machine_key(sample: PackedLinear) -> str:
+def machine_key(sample: TimedLayer) -> str:
     """What the measurement depends on: the CPU, the kernels build (its cache name holds the
     sources' and the CPU flags' hash), the threads, torch's version and the layer."""
     lib = ops.load_kernels()
@@ -116,17 +134,14 @@ def _best_times(
     return best[0], best[1]
 
 
-def int_dot_row_limit(linears: Sequence[PackedLinear], floor: int) -> int:
-    """The row limit for these layers (at least `floor`, the decode rows' limit): the
-    environment's, the stored one for this machine and sample layer, or measured now (and
-    stored)."""
-    if os.environ.get(ENV):
-        value = os.environ[ENV].strip()
-        if value == "any":
-            return UNLIMITED
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"{ENV}: a number of rows (1 or more) or 'any', got {value!r}")
-        return int(value)
+def int_dot_row_limit(
+    linears: Sequence[TimedLayer], floor: int, fixed: int | str | None = None
+) -> int:
+    """The row limit for these layers (at least `floor`, the decode rows' limit): `fixed`
+    (KernelConfig.int_dot_max_rows: a number or "any"), else the one stored for this machine
+    and sample layer, or measured now (and stored)."""
+    if fixed is not None:
+        return UNLIMITED if fixed == envs.ANY_ROWS else int(fixed)
     sample = choose_sample(linears)
     if sample is None:
         return floor

@@ -12,7 +12,7 @@ from tokenmill.kv.manager import cdiv
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.request import Request
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.scheduler import ScheduledRequest
+from tokenmill.scheduler.output import ScheduledRequest
 from tokenmill.worker.input_batch import build_model_input
 from tokenmill.worker.model_runner import ModelRunner
 

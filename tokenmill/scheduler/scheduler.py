@@ -7,22 +7,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from tokenmill.config import MAX_SPEC_ROWS, SchedulerConfig
-from tokenmill.engine.core_types import (
-    EngineCoreOutput,
-    PositionLogprobs,
-    SchedulerStats,
-    SpecDecodeStats,
-)
 from tokenmill.kv.connector.base import SchedulerConnector
 from tokenmill.kv.manager import KVCacheManager
+from tokenmill.messages import EngineCoreOutput
 from tokenmill.request import Request, RequestStatus
+from tokenmill.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from tokenmill.scheduler.queue import make_queue
 from tokenmill.spec.draft_policy import DraftPolicy, StepTimes
 from tokenmill.spec.ngram import NgramIndex, NgramProposer
 from tokenmill.spec.proposer import Proposer
+from tokenmill.stats import SchedulerStats, SpecDecodeStats
 from tokenmill.structured.spec import CONSTRAINT_FAILED
 
 logger = logging.getLogger(__name__)
@@ -35,42 +31,6 @@ _MAX_LOOP_BREAKS = 2
 def closing_reserve(max_tokens: int) -> int:
     """Tokens kept to close a constrained output before max_tokens."""
     return max(24, max_tokens // 4)
-
-
-@dataclass
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int  # with drafts: 1 + len(spec_token_ids)
-    block_ids: list[int]
-    spec_token_ids: list[int] = field(default_factory=list)  # drafts verified this step
-
-    @property
-    def samples(self) -> bool:
-        """This step reaches the end of the request's known tokens, so it yields a new token."""
-        return self.request.num_computed_tokens + self.num_new_tokens >= self.request.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    num_scheduled_tokens: int = 0
-    preempted_request_ids: list[str] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-    @property
-    def is_decode_only(self) -> bool:
-        """Every request runs one new token (plus its drafts): no prefill in this step."""
-        return all(sr.num_new_tokens == 1 + len(sr.spec_token_ids) for sr in self.scheduled)
-
-
-@dataclass
-class ModelRunnerOutput:
-    sampled_token_ids: dict[str, list[int]]
-    logprobs: dict[str, list[PositionLogprobs]]
-    prompt_logprobs: dict[str, list[PositionLogprobs]]
 
 
 class Scheduler:

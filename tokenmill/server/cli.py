@@ -12,7 +12,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from tokenmill.engine.arg_utils import add_kv_transfer_args, build_engine_config, engine_kwargs
-from tokenmill.engine.startup import StartupProfile, run_at_low_priority
+from tokenmill.engine.startup import StartupProfile
+from tokenmill.platform import run_at_low_priority
 from tokenmill.server.batch.config import add_batch_args, batch_config
 from tokenmill.server.responses.config import add_response_store_args, response_store_config
 from tokenmill.server.settings import (

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tokenmill.sampling_params import RepetitionDetection
-from tokenmill.server.body import parse_json
 from tokenmill.server.errors import bad_request
+from tokenmill.server.json_body import parse_json
 from tokenmill.server.protocol import ChatCompletionRequest, SamplingFields
 from tokenmill.structured.grammar import GrammarCompiler, GrammarError
 from tokenmill.structured.spec import StructuredOutputsParams

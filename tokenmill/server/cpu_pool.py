@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from tokenmill.engine.startup import lower_thread_priority
+from tokenmill.platform import lower_thread_priority
 
 T = TypeVar("T")
 # below the event loop's thread and the engine core in the OS scheduler: on a machine whose

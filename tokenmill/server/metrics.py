@@ -6,8 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from tokenmill.config import MAX_SPEC_ROWS
 from tokenmill.engine.async_llm import RequestTiming
-from tokenmill.engine.core_types import SchedulerStats, SpecDecodeStats
 from tokenmill.server.kv_transfer_metrics import KVTransferMetrics
+from tokenmill.stats import SchedulerStats, SpecDecodeStats
 from tokenmill.ui.recent import RecentValues
 
 _LATENCY_BUCKETS = (

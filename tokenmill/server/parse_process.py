@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tokenmill.server.errors import APIError
+from tokenmill.server.json_body import parse_model
 from tokenmill.server.protocol import DetokenizeRequest
 
 logger = logging.getLogger(__name__)
@@ -42,8 +43,6 @@ def _init_worker(parent: int) -> None:
 
 def _parse_here(body: bytes, model: type[BaseModel]) -> tuple[Any, ...]:
     """("ok", model instance) or ("error", APIError's fields): exceptions do not pickle."""
-    from tokenmill.server.body import parse_model
-
     try:
         return ("ok", parse_model(body, model))
     except APIError as e:

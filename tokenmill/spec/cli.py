@@ -60,7 +60,7 @@ def add_speculator_parser(sub) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tokenmill import LLM
+    from tokenmill.engine.llm import LLM
     from tokenmill.spec import training as T
     from tokenmill.spec.draft_head import DraftHead
     from tokenmill.spec.draft_proposer import model_fingerprint, target_readout
@@ -128,7 +128,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def measure_speedup(llm, model: str | None, path: str, held, max_tokens: int, k: int):
     """Greedy decode tok/s on the held-out prompts without and with the head (one engine
     each, same prompts, prefill included): (off, on, acceptance length)."""
-    from tokenmill import LLM, SamplingParams
+    from tokenmill.engine.llm import LLM
+    from tokenmill.sampling_params import SamplingParams
     from tokenmill.spec.training import tokenize
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens)

@@ -115,7 +115,7 @@ def read_prompts(path: str | Path) -> list[Trace]:
 
 def self_distill(llm, prompts: list[Trace], max_tokens: int) -> list[Trace]:
     """The target's own greedy answers to the prompts."""
-    from tokenmill import SamplingParams
+    from tokenmill.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     outs = llm.chat([p.messages for p in prompts], params)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from tokenmill.model.attention import AttentionMetadata, ChunkAttention
-from tokenmill.scheduler.scheduler import ScheduledRequest
+from tokenmill.scheduler.output import ScheduledRequest
 
 
 @dataclass

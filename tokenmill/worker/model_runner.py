@@ -6,13 +6,13 @@ from typing import Any
 
 import torch
 
-from tokenmill.engine.core_types import PositionLogprobs
+from tokenmill.messages import PositionLogprobs
 from tokenmill.model.attention import AttentionBackend, get_attention_backend
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.request import Request
 from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.sampler import LogprobsTensors, Sampler, gather_logprobs
-from tokenmill.scheduler.scheduler import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from tokenmill.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from tokenmill.spec.verify import accept_drafts
 from tokenmill.structured.token_mask import allowed_mask
 from tokenmill.worker.input_batch import build_model_input

@@ -6,7 +6,7 @@ from __future__ import annotations
 import zmq
 
 from tokenmill.config import KVTransferConfig
-from tokenmill.engine.core_types import EngineCoreOutput
+from tokenmill.kv.connector.base import ConnectorScheduler
 from tokenmill.kv.connector.consumer import KVConsumer
 from tokenmill.kv.connector.params import KVTransferParams
 from tokenmill.kv.connector.producer import KVProducer
@@ -14,8 +14,8 @@ from tokenmill.kv.connector.server import KVBlockServer
 from tokenmill.kv.connector.stats import KVTransferStats
 from tokenmill.kv.connector.waker import Waker
 from tokenmill.kv.manager import KVCacheManager
+from tokenmill.messages import EngineCoreOutput
 from tokenmill.request import Request, RequestStatus
-from tokenmill.scheduler.scheduler import Scheduler
 
 
 class KVConnector:
@@ -23,7 +23,7 @@ class KVConnector:
         self,
         config: KVTransferConfig,
         kv: KVCacheManager,
-        scheduler: Scheduler,
+        scheduler: ConnectorScheduler,
         kv_caches: list,
     ) -> None:
         self.config = config

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenmill.server.body import parse_json
 from tokenmill.server.errors import APIError, bad_request
+from tokenmill.server.json_body import parse_json
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_CUSTOM_ID_CHARS = 512

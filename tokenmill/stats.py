@@ -1,43 +1,9 @@
-"""Messages between the engine core (scheduler + model) and its front end."""
+"""What the engine core counts: scheduler and speculative-decoding statistics, sent to the
+front end with every step's outputs (neutral types)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from tokenmill.sampling_params import SamplingParams
-
-# One position's logprobs: (token ids, logprobs, rank of the first id). The first id is the
-# token actually there (sampled or prompt); the rest are the top-k alternatives.
-PositionLogprobs = tuple[list[int], list[float], int]
-
-
-@dataclass
-class EngineCoreRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    arrival_time: float
-    priority: int = 0
-    cache_salt: str | None = None
-    kv_transfer_params: dict | None = None  # KVTransferParams.to_json()
-
-
-@dataclass
-class EngineCoreOutput:
-    request_id: str
-    new_token_ids: list[int]
-    new_logprobs: list[PositionLogprobs] | None = None
-    # prompt positions 1..n-1 (position 0 has none), delivered once
-    prompt_logprobs: list[PositionLogprobs] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    stop_reason: int | str | None = None
-    num_cached_tokens: int = 0
-    # monotonic clock (system-wide) when the request was first scheduled; for queue-time metrics
-    first_scheduled_time: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 @dataclass
@@ -104,9 +70,3 @@ class SchedulerStats:
     kv_tiers: dict = field(default_factory=dict)
     spec_decode: SpecDecodeStats | None = None  # None: speculation off
     kv_transfer: dict | None = None  # KVTransferStats.to_dict(); None: no connector
-
-
-@dataclass
-class EngineCoreOutputs:
-    outputs: list[EngineCoreOutput] = field(default_factory=list)
-    stats: SchedulerStats = field(default_factory=SchedulerStats)

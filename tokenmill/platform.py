@@ -1,0 +1,58 @@
+"""Facts about the machine tokenmill runs on, and how its threads share it: the CPU's
+name (keys measurements stored per machine) and lower OS priorities for work that must
+yield to the critical path."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def lower_thread_priority(nice: int = 10) -> None:
+    """Work off the critical path yields to it: a higher nice value for the calling thread
+    only (Linux schedules threads; threads it starts inherit the value, so call it on a
+    thread that ends with its work or serves only such work). Elsewhere, or refused:
+    nothing."""
+    if not sys.platform.startswith("linux"):  # elsewhere the id would name a process
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
+def run_at_low_priority(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on a new thread at a lower priority (lower_thread_priority), the caller
+    waiting; its exception is raised here."""
+    result: list = []
+
+    def run() -> None:
+        lower_thread_priority()
+        try:
+            result.append((True, fn(*args)))
+        except BaseException as e:  # re-raised in the caller
+            result.append((False, e))
+
+    thread = threading.Thread(target=run, name="start-up")
+    thread.start()
+    thread.join()
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
