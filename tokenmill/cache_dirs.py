@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tokenmill import envs
+
 
 def cache_root() -> Path:
-    return Path(os.environ.get("TOKENMILL_CACHE") or os.path.expanduser("~/.cache/tokenmill"))
+    return Path(envs.CACHE.get() or os.path.expanduser("~/.cache/tokenmill"))

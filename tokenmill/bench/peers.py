@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from tokenmill import envs
+from tokenmill.cache_dirs import cache_root
 from tokenmill.ports import PortPool, free_port
 
 LLAMA_CPP_VERSION = "0.3.36"
@@ -21,12 +23,12 @@ LLAMA_CPP_VERSION = "0.3.36"
 def find_llama_server() -> Path | None:
     """$TOKENMILL_LLAMA_CPP_BIN (a bin directory, or the binary itself), else the cache
     directory `benchmarks/peers/build_llama_cpp.sh` installs into."""
-    env = os.environ.get("TOKENMILL_LLAMA_CPP_BIN")
+    env = envs.LLAMA_CPP_BIN.get()
     candidates = []
     if env:
         p = Path(env).expanduser()
         candidates.append(p / "llama-server" if p.is_dir() else p)
-    cache = Path(os.environ.get("TOKENMILL_CACHE", Path.home() / ".cache" / "tokenmill"))
+    cache = cache_root()
     candidates.append(cache / f"llama.cpp-{LLAMA_CPP_VERSION}" / "bin" / "llama-server")
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):

@@ -3,13 +3,13 @@ defaults, tool policies and guardrails. Every value is checked; an error names i
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenmill import envs
 from tokenmill.cache_dirs import cache_root
 from tokenmill.config_file import yaml_error
 from tokenmill.gateway.config_values import mapping, number, optional_limit, string
@@ -18,7 +18,7 @@ from tokenmill.gateway.guardrails import GuardrailsConfig, parse_guardrails
 from tokenmill.gateway.tool_policy import UNDEFINED_POLICY, ToolPolicy, parse_tool_policy
 
 MAX_CONFIG_BYTES = 1 << 20
-ADMIN_KEY_ENV = "TOKENMILL_ADMIN_KEY"
+ADMIN_KEY_ENV = envs.ADMIN_KEY.name
 DEFAULT_OPEN_PATHS = ("/health", "/version", "/metrics")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _MAX_PRICE = 1e6  # USD per million tokens
@@ -102,7 +102,7 @@ def _price(raw: object, path: str) -> Price:
     return Price(**price)
 
 
-def _admin_key_sha256(values: dict[str, Any], env: Mapping[str, str]) -> str | None:
+def _admin_key_sha256(values: dict[str, Any], env: Mapping[str, str] | None) -> str | None:
     if "admin_key_sha256" in values and "admin_key_env" in values:
         raise GatewayConfigError("admin_key_sha256", "give admin_key_sha256 or admin_key_env")
     if "admin_key_sha256" in values:
@@ -113,7 +113,7 @@ def _admin_key_sha256(values: dict[str, Any], env: Mapping[str, str]) -> str | N
     from tokenmill.gateway.keys import hash_key
 
     name = string(values.get("admin_key_env", ADMIN_KEY_ENV), "admin_key_env", 200)
-    key = env.get(name)
+    key = envs.named(name, env)
     return hash_key(key) if key else None  # no admin key: the admin API answers 401
 
 
@@ -122,7 +122,7 @@ def default_database() -> str:
 
 
 def parse_gateway_config(
-    raw: object, base_dir: Path | None = None, env: Mapping[str, str] = os.environ
+    raw: object, base_dir: Path | None = None, env: Mapping[str, str] | None = None
 ) -> GatewayConfig:
     values = mapping(raw, "", _TOP_KEYS)
     base_dir = base_dir or Path.cwd()
@@ -182,7 +182,7 @@ def parse_gateway_config(
     )
 
 
-def load_gateway_config(path: str | Path, env: Mapping[str, str] = os.environ) -> GatewayConfig:
+def load_gateway_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
     import yaml
 
     path = Path(path)

@@ -20,6 +20,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from tokenmill import envs
 from tokenmill.cache_dirs import cache_root
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def _load_torch_openmp() -> None:
 
 @lru_cache(maxsize=1)
 def load_kernels() -> ctypes.CDLL | None:
-    if os.environ.get("TOKENMILL_DISABLE_KERNELS") == "1":
+    if envs.DISABLE_KERNELS.get():
         return None
     return build_kernels("native")
 

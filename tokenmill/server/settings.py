@@ -3,15 +3,15 @@ server (the command line builds them before it imports FastAPI)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenmill import envs
 from tokenmill.server.batch.config import BatchConfig
 from tokenmill.server.responses.config import ResponseStoreConfig
 
-API_KEY_ENV = "TOKENMILL_API_KEY"
+API_KEY_ENV = envs.API_KEY.name
 DEFAULT_MAX_TOKENS = 2048
 # Paths served without the API key unless configured otherwise (--open-path).
 DEFAULT_OPEN_PATHS = ("/health", "/metrics")
@@ -33,7 +33,7 @@ class ServerSettings:
 
 
 def resolve_api_key(
-    key: str | None, key_file: str | None, env: Mapping[str, str] = os.environ
+    key: str | None, key_file: str | None, env: Mapping[str, str] | None = None
 ) -> str | None:
     """The key from the flag, the file or the environment (in that order); None: no key."""
     if key is not None and key_file is not None:
@@ -42,7 +42,7 @@ def resolve_api_key(
     if key_file is not None:
         key, source = Path(key_file).read_text().strip(), "api-key-file"
     elif key is None:
-        key, source = env.get(API_KEY_ENV), API_KEY_ENV
+        key, source = envs.API_KEY.get(env), API_KEY_ENV
         if key is None:
             return None
     if not key or key != key.strip():
