@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Retakes the README's pictures of the web UI (docs/img/ui-*.png) with the browser tests
+# Retakes the pictures of the web UI in docs/ui.md (docs/img/ui-*.png) with the browser tests
 # (tests/ui); the tests save every screenshot under test-artifacts/ui/ anyway.
 set -euo pipefail
 cd "$(dirname "$0")/.."

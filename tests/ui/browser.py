@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "ui"
-# TOKENMILL_UI_SCREENSHOTS=docs/img (scripts/ui_screenshots.sh): the README's pictures
+# TOKENMILL_UI_SCREENSHOTS=docs/img (scripts/ui_screenshots.sh): the pictures of docs/ui.md
 DOCS_ENV = "TOKENMILL_UI_SCREENSHOTS"
 SAVED: list[Path] = []  # this session's screenshots (for the summary line)
 _NAMES = ("chromium", "chromium-browser", "google-chrome-stable", "google-chrome")
@@ -30,7 +30,7 @@ def screenshot(page, name: str) -> Path:
     page.screenshot(path=str(path), full_page=True)
     SAVED.append(path)
     docs = os.environ.get(DOCS_ENV)
-    if docs and name.startswith("ui-"):  # the pictures the README shows
+    if docs and name.startswith("ui-"):  # the pictures docs/ui.md shows
         target = REPO / docs / f"{name}.png"
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)

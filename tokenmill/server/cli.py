@@ -60,7 +60,7 @@ def add_serve_parser(sub, add_engine_args) -> None:
         default=None,
         metavar="FILE",
         help="turn on the gateway from this YAML file: API keys, limits and budgets, the "
-        "usage ledger, guardrails, tool-call policy (README 'Gateway'; replaces --api-key)",
+        "usage ledger, guardrails, tool-call policy (docs/gateway.md; replaces --api-key)",
     )
     p.add_argument("--served-model-name", action="append", default=None, help="name(s) clients use")
     p.add_argument(

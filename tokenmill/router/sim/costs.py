@@ -9,7 +9,7 @@ from dataclasses import dataclass
 class CostModel:
     """step time = overhead + prefill tokens · prefill cost + decoding sequences · decode cost.
 
-    Defaults: README "Offline engine" table, tokenmill native (Q4_1 weights) on
+    Defaults: benchmarks/results/2026-12-01-throughput-xeon.md, tokenmill native (Q4_1 weights) on
     SmolLM2-135M, 2 threads of this machine's Xeon: prefill 956 tok/s at 512 tokens
     (1.046 ms/token), single-stream decode 232 tok/s (4.31 ms per step), decode at 64
     sequences 332 tok/s (193 ms per step). The two decode points give 3.0 ms per sequence
