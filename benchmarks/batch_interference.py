@@ -20,8 +20,10 @@ from pathlib import Path
 
 import httpx
 
-from tokenmill.bench.compare import default_model
-from tokenmill.bench.peers import ManagedServer, tokenmill_spec
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import results as results_file  # noqa: E402
+from tokenmill.bench.compare import default_model  # noqa: E402
+from tokenmill.bench.peers import ManagedServer, tokenmill_spec  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 
@@ -84,6 +86,7 @@ def main() -> None:
     p.add_argument("--batch-lines", type=int, default=2000)
     p.add_argument("--tokenmill-args", default="", help="extra serve flags")
     p.add_argument("--model", default=None)
+    results_file.add_arguments(p)
     args = p.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="batch-interference-"))
@@ -112,6 +115,11 @@ def main() -> None:
             print(f"round {r}: TTFT p50 idle {idle[-1]:.1f} ms, with a batch {busy[-1]:.1f} ms "
                   f"({busy[-1] / idle[-1]:.2f}x)", flush=True)  # fmt: skip
     a, b = statistics.median(idle), statistics.median(busy)
+    with results_file.capture("batch-interference", args):
+        _summary(args, a, b, done, seconds)
+
+
+def _summary(args: argparse.Namespace, a: float, b: float, done: int, seconds: float) -> None:
     print(f"\nTTFT p50 at {args.concurrency} users (median of {args.rounds} rounds):")
     print(f"  without a batch  {a:8.1f} ms")
     print(f"  with a batch     {b:8.1f} ms")

@@ -44,6 +44,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import results as results_file  # noqa: E402
 from tokenmill.bench.peers import find_llama_server, free_port  # noqa: E402
 from tokenmill.model.embedded import embedded_model_path  # noqa: E402
 
@@ -188,6 +189,7 @@ def main() -> int:
     ap.add_argument("--markdown", default=None, metavar="PATH")
     ap.add_argument("--skip-llama-cpp", action="store_true")
     ap.add_argument("--skip-offline", action="store_true")
+    results_file.add_arguments(ap)
     args = ap.parse_args()
     model_path = embedded_model_path()
     logs = Path(tempfile.mkdtemp(prefix="tokenmill-cold-start-"))
@@ -280,12 +282,13 @@ def report(systems: list[SystemRuns], offline: dict[str, list[float]], args) -> 
         if prof:
             phases = ", ".join(f"{p['name']} {p['seconds']:.2f}" for p in prof["phases"])
             out.print(f"tokenmill {proc} start-up ({prof['total_s']:.2f} s): {phases}")
+    md = ["| " + " | ".join(c.header for c in table.columns) + " |",
+          "| --- |" + " ---: |" * (len(table.columns) - 1)]  # fmt: skip
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    md += ["", *lines]
     if args.markdown:
-        md = ["| " + " | ".join(c.header for c in table.columns) + " |",
-              "| --- |" + " ---: |" * (len(table.columns) - 1)]  # fmt: skip
-        md += ["| " + " | ".join(r) + " |" for r in rows]
-        md += ["", *lines]
         Path(args.markdown).write_text("\n".join(md) + "\n")
+    results_file.write("cold-start", "\n".join(md), args, title=table.title)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ import torch
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import results as results_file  # noqa: E402
 from benchmarks.router_policies import launch_cluster, stop_cluster  # noqa: E402
 from tokenmill.bench.metrics import itl_gaps_s
 from tokenmill.bench.record import RequestRecord
@@ -346,6 +347,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=None)
     ap.add_argument("--layouts", default=",".join(LAYOUTS), help="which layouts to serve")
+    results_file.add_arguments(ap)
     args = ap.parse_args()
     sizes, repeats = [1024, 4096, 8192], 3
     if args.quick:
@@ -354,19 +356,27 @@ def main() -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="disagg-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     summary: dict = {}
+    tables: list[str] = []  # what is printed below, for the results file
     if not args.skip_transfer:
         summary["transfer"] = transfer_part(sizes, repeats)
-        print_transfer(summary["transfer"])
+        with results_file.printed() as table:
+            print_transfer(summary["transfer"])
+        tables.append(table.getvalue())
     if not args.skip_stall:
         summary["stall"] = stall_part([32, 64, 128, 512, 2048])
-        print_stall(summary["stall"], summary.get("transfer"))
+        with results_file.printed() as table:
+            print_stall(summary["stall"], summary.get("transfer"))
+        tables.append(table.getvalue())
     if not args.skip_serving:
         trace = out / "mixed-trace.jsonl"
         write_trace(trace, args)
         n = sum(1 for _ in trace.open())
         summary["serving"] = {name: serve_layout(name, LAYOUTS[name], trace, n, out)
                               for name in args.layouts.split(",")}  # fmt: skip
-        print_serving(summary["serving"], args)
+        with results_file.printed() as table:
+            print_serving(summary["serving"], args)
+        tables.append(table.getvalue())
+    results_file.write("disagg", results_file.text_block("".join(tables)), args)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"\nresults: {out}")
 

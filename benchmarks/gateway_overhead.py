@@ -26,6 +26,7 @@ import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import results as results_file  # noqa: E402
 from tests.server.conftest import free_port  # noqa: E402
 
 ADMIN = "admin-bench-" + "z" * 32
@@ -149,6 +150,7 @@ def main() -> int:
     p.add_argument(
         "--systems", default=",".join(SYSTEMS), help="comma-separated, of: " + ", ".join(SYSTEMS)
     )
+    results_file.add_arguments(p)
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tokenmill-gateway-bench-"))
     configs = {name: gateway_config(tmp, name, rules) for name, rules in SYSTEMS.items() if rules}
@@ -224,6 +226,7 @@ def main() -> int:
     print("\n".join(lines))
     if args.markdown:
         Path(args.markdown).write_text("\n".join(lines) + "\n")
+    results_file.write("gateway-overhead", "\n".join(lines), args)
     return 0
 
 

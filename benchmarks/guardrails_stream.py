@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import results as results_file  # noqa: E402
 from tokenmill.gateway.guardrails import OutputChecker, parse_guardrails  # noqa: E402
 
 ALL = [
@@ -56,12 +57,18 @@ def run(config, deltas: list[str]) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--repeat", type=int, default=5)
+    results_file.add_arguments(parser)
     args = parser.parse_args()
     chunkings = {
         "tokens": re.findall(r"\s*\S{1,4}|\s+", TEXT),
         "chars": list(TEXT),
         "whole": [TEXT],
     }
+    with results_file.capture("guardrails-stream", args):
+        measure(args, chunkings)
+
+
+def measure(args: argparse.Namespace, chunkings: dict[str, list[str]]) -> None:
     for name, rules in (("all scanners", ALL), ("defaults", DEFAULTS)):
         config = parse_guardrails({"rules": rules})
         for chunking, deltas in chunkings.items():

@@ -11,9 +11,15 @@ token streams through detectors of several settings.
 
 from __future__ import annotations
 
-from tokenmill import LLM, SamplingParams
-from tokenmill.sampling_params import RepetitionDetection
-from tokenmill.structured.loops import RepetitionDetector
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import results as results_file  # noqa: E402
+from tokenmill import LLM, SamplingParams  # noqa: E402
+from tokenmill.sampling_params import RepetitionDetection  # noqa: E402
+from tokenmill.structured.loops import RepetitionDetector  # noqa: E402
 
 LOOP_PROMPTS = [
     "List of numbers: 1, 1, 1, 1, 1,",
@@ -48,6 +54,9 @@ def first_cut(tokens: list[int], setting: RepetitionDetection) -> int | None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    results_file.add_arguments(parser)
+    args = parser.parse_args()
     llm = LLM(kv_cache_memory_gib=1.0)
     off = dict(repetition_detection=False)
     loops = [
@@ -61,6 +70,11 @@ def main() -> None:
             chats, SamplingParams(temperature=temperature, seed=1, max_tokens=256, **off)
         )
         natural += [o.outputs[0].token_ids for o in outs]
+    with results_file.capture("loop-cutoff", args):
+        report(loops, natural)
+
+
+def report(loops: list[list[int]], natural: list[list[int]]) -> None:
     print(
         f"{'setting (period<=, repeats>=, span>=)':40s} {'loop tokens before cut':>28s} {'natural outputs cut':>20s}"
     )

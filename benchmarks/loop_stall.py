@@ -31,6 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import results as results_file  # noqa: E402
 from tokenmill.bench.compare import default_model  # noqa: E402
 from tokenmill.bench.peers import ManagedServer, tokenmill_spec  # noqa: E402
 
@@ -111,6 +112,7 @@ def main() -> None:
     p.add_argument("--kinds", default="ids,nested,detokenize,tools")
     p.add_argument("--model", default=None)
     p.add_argument("--tokenmill-args", default="", help="extra serve flags")
+    results_file.add_arguments(p)
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="loop-stall-"))
     spec = tokenmill_spec("tokenmill", args.model or default_model(), args.tokenmill_args)
@@ -118,25 +120,28 @@ def main() -> None:
         base = server.base_url
         model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
         table = bodies(model)
-        print(f"{'kind':11} {'400s (s)':>9} {'gap before':>11} {'gap during':>11} {'growth':>8}")
-        for kind in args.kinds.split(","):
-            path, body = table[kind]
-            file = tmp / f"{kind}.json"
-            file.write_bytes(json.dumps(body).encode())
-            # once alone first: the server's first large body starts its parse process
-            httpx.post(base + path, content=file.read_bytes(), timeout=120,
-                       headers={"content-type": "application/json"})  # fmt: skip
-            time.sleep(2.0)
-            growth, walls = [], []
-            for _ in range(args.rounds):
-                wall, before, during, codes = one_round(base, model, path, file)
-                assert set(codes.split()) == {"400"}, codes
-                walls.append(wall)
-                growth.append(during - before)
-                print(f"{kind:11} {wall:9.2f} {before * 1e3:8.1f} ms {during * 1e3:8.1f} ms "
-                      f"{(during - before) * 1e3:5.1f} ms", flush=True)  # fmt: skip
-            print(f"{kind:11} median growth {statistics.median(growth) * 1e3:.1f} ms, "
-                  f"max {max(growth) * 1e3:.1f} ms (target <= 50 ms)\n", flush=True)  # fmt: skip
+        with results_file.capture("loop-stall", args):
+            print(
+                f"{'kind':11} {'400s (s)':>9} {'gap before':>11} {'gap during':>11} {'growth':>8}"
+            )
+            for kind in args.kinds.split(","):
+                path, body = table[kind]
+                file = tmp / f"{kind}.json"
+                file.write_bytes(json.dumps(body).encode())
+                # once alone first: the server's first large body starts its parse process
+                httpx.post(base + path, content=file.read_bytes(), timeout=120,
+                           headers={"content-type": "application/json"})  # fmt: skip
+                time.sleep(2.0)
+                growth, walls = [], []
+                for _ in range(args.rounds):
+                    wall, before, during, codes = one_round(base, model, path, file)
+                    assert set(codes.split()) == {"400"}, codes
+                    walls.append(wall)
+                    growth.append(during - before)
+                    print(f"{kind:11} {wall:9.2f} {before * 1e3:8.1f} ms {during * 1e3:8.1f} ms "
+                          f"{(during - before) * 1e3:5.1f} ms", flush=True)  # fmt: skip
+                print(f"{kind:11} median growth {statistics.median(growth) * 1e3:.1f} ms, "
+                      f"max {max(growth) * 1e3:.1f} ms (target <= 50 ms)\n", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tokenmill.bench.compare import default_model
-from tokenmill.bench.peers import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import results as results_file  # noqa: E402
+from tokenmill.bench.compare import default_model  # noqa: E402
+from tokenmill.bench.peers import (  # noqa: E402
     ManagedServer,
     find_llama_server,
     llama_server_spec,
@@ -70,6 +72,7 @@ def main() -> None:
     ap.add_argument("--no-llama-server", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--concurrency", type=int, default=4)
+    results_file.add_arguments(ap)
     args = ap.parse_args()
     model = default_model()
     out = Path(args.out or tempfile.mkdtemp(prefix="prefix-bench-"))
@@ -91,21 +94,22 @@ def main() -> None:
     binary = None if args.no_llama_server else find_llama_server()
     if binary is not None:
         specs.append(llama_server_spec(binary, model, slots=args.concurrency, ctx=32768))
+    tables: list[str] = []  # what print_table prints, for the results file
     servers = [ManagedServer(s, out / "logs") for s in specs]
     try:
         for s in servers:
             s.start()
         targets = {s.spec.name: s.base_url for s in servers}
-        print_table("shared prefix (TTFT ratios: no-cache / target)",
-                    run_bench(targets, shared, out / "shared", args.concurrency), "tokenmill no-cache")  # fmt: skip
-        print_table(
-            "multi-turn chat",
-            run_bench(targets, turns, out / "turns", args.concurrency),
-            "tokenmill no-cache",
-        )
+        shared_runs = run_bench(targets, shared, out / "shared", args.concurrency)
+        turns_runs = run_bench(targets, turns, out / "turns", args.concurrency)
     finally:
         for s in servers:
             s.stop()
+    with results_file.printed() as table:
+        print_table("shared prefix (TTFT ratios: no-cache / target)",
+                    shared_runs, "tokenmill no-cache")  # fmt: skip
+        print_table("multi-turn chat", turns_runs, "tokenmill no-cache")
+    tables.append(table.getvalue())
 
     # Working set > KV pool: ~1/4 of the 8 prefixes fit on the device.
     small = serve + " --kv-cache-memory 0.1"
@@ -123,11 +127,15 @@ def main() -> None:
         for s in servers:
             s.start()
         targets = {s.spec.name: s.base_url for s in servers}
-        print_table("working set larger than the KV pool (TTFT ratios: no offload / target)",
-                    run_bench(targets, shared, out / "tiers", args.concurrency), "small pool, no offload")  # fmt: skip
+        tier_runs = run_bench(targets, shared, out / "tiers", args.concurrency)
     finally:
         for s in servers:
             s.stop()
+    with results_file.printed() as table:
+        print_table("working set larger than the KV pool (TTFT ratios: no offload / target)",
+                    tier_runs, "small pool, no offload")  # fmt: skip
+    tables.append(table.getvalue())
+    results_file.write("prefix-cache", results_file.text_block("".join(tables)), args)
     print(f"\nreports: {out}")
 
 

@@ -19,15 +19,18 @@ import argparse
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from tokenmill.cache_dirs import cache_root
-from tokenmill.quant.fidelity import FidelityBench
-from tokenmill.quant.plan import QuantPlan
-from tokenmill.quant.texts import EVALUATION_TEXT
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import results as results_file  # noqa: E402
+from tokenmill.cache_dirs import cache_root  # noqa: E402
+from tokenmill.quant.fidelity import FidelityBench  # noqa: E402
+from tokenmill.quant.plan import QuantPlan  # noqa: E402
+from tokenmill.quant.texts import EVALUATION_TEXT  # noqa: E402
 
 PEER_DIR = cache_root() / "llama.cpp-0.3.36"
 MODEL = "SmolLM2-135M-Instruct"
@@ -116,6 +119,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--markdown", default=None)
     ap.add_argument("--skip-llama-cpp", action="store_true")
+    results_file.add_arguments(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -163,6 +167,7 @@ def main() -> None:
     print("\n" + text)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
+    results_file.write("quant-fidelity", text, args)
 
 
 if __name__ == "__main__":

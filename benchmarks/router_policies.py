@@ -24,7 +24,9 @@ from pathlib import Path
 
 import httpx
 
-from tokenmill.router.cluster import free_port
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import results as results_file  # noqa: E402
+from tokenmill.router.cluster import free_port  # noqa: E402
 
 
 def start_cluster(
@@ -129,18 +131,20 @@ def main() -> None:
     ap.add_argument("--kv-cache-memory", type=float, default=0.45, help="GiB per replica")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=None)
+    results_file.add_arguments(ap)
     args = ap.parse_args()
     if args.quick:
         args.tenants, args.per_tenant = 4, 4
     out = Path(args.out or tempfile.mkdtemp(prefix="router-bench-"))
     runs = {p: run_policy(p, args, out) for p in args.policies.split(",")}
     (out / "summary.json").write_text(json.dumps(runs, indent=2, default=str) + "\n")
-    print(
-        f"{args.tenants} tenants x {args.per_tenant} requests, ~{args.prefix_len}-token system "
-        f"prompts, Poisson {args.rate} req/s, 2 replicas x {args.kv_cache_memory} GiB KV"
-    )
-    baseline = "round_robin" if "round_robin" in runs else next(iter(runs))
-    print_table(runs, baseline)
+    with results_file.capture("router-policies", args):
+        print(
+            f"{args.tenants} tenants x {args.per_tenant} requests, ~{args.prefix_len}-token system "
+            f"prompts, Poisson {args.rate} req/s, 2 replicas x {args.kv_cache_memory} GiB KV"
+        )
+        baseline = "round_robin" if "round_robin" in runs else next(iter(runs))
+        print_table(runs, baseline)
     print(f"\nreports: {out}")
 
 

@@ -15,15 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tokenmill.router.config import POLICIES, RouterConfig
-from tokenmill.router.sim.replica import ReplicaConfig
-from tokenmill.router.sim.report import Summary, table
-from tokenmill.router.sim.simulator import Simulation
-from tokenmill.router.sim.trace import Trace, TraceConfig, generate, mean_prompt_tokens
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import results as results_file  # noqa: E402
+from tokenmill.router.config import POLICIES, RouterConfig  # noqa: E402
+from tokenmill.router.sim.replica import ReplicaConfig  # noqa: E402
+from tokenmill.router.sim.report import Summary, table  # noqa: E402
+from tokenmill.router.sim.simulator import Simulation  # noqa: E402
+from tokenmill.router.sim.trace import Trace, TraceConfig, generate, mean_prompt_tokens  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -38,6 +41,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--trace", help="a JSONL trace (with one --replicas size) instead")
     p.add_argument("--write-trace", help="write each generated trace to DIR/trace-N.jsonl")
     p.add_argument("--out", help="write the summaries as JSON here")
+    results_file.add_arguments(p)
     return p.parse_args()
 
 
@@ -85,6 +89,13 @@ def main() -> None:
             )
     print(f"\nmeasured: requests arriving in [{args.warmup:g} s, {args.duration:g} s)\n")
     print(table(summaries))
+    results_file.write(
+        "router-sim",
+        table(summaries),  # markdown
+        args,
+        notes=[f"cost model: {replica.costs.describe()}; requests arriving in "
+               f"[{args.warmup:g} s, {args.duration:g} s) measured"],
+    )  # fmt: skip
     print(f"\ntotal wall time {time.perf_counter() - started:.0f} s")
     if args.out:
         Path(args.out).write_text(json.dumps([asdict(s) for s in summaries], indent=1))

@@ -58,6 +58,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import results as results_file  # noqa: E402
 from benchmarks.throughput import MODEL_STEM, llama_cpp_dirs  # noqa: E402
 from tokenmill import LLM, SamplingParams  # noqa: E402
 
@@ -149,7 +150,7 @@ def _serve_system(conn, kwargs: dict) -> None:
     llm = LLM(None, kv_cache_memory_gib=0.5, **kwargs)
     llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=8))
     conn.send("ready")
-    stats = llm.engine.core.scheduler.spec_stats
+    stats = llm.engine.core.drafter.stats
     while (job := conn.recv()) is not None:
         d0, a0, t0 = stats.num_drafts, stats.num_accepted_tokens, stats.num_draft_tokens
         n, s = decode_one(llm, *job)
@@ -277,7 +278,9 @@ def bench_llama_server(
 # --------------------------------------------------------------------------- report
 
 
-def report(systems: dict[str, dict], batched: dict[str, float], markdown: Path | None) -> None:
+def report(
+    systems: dict[str, dict], batched: dict[str, float], markdown: Path | None, args=None
+) -> None:
     base = systems["tokenmill"]
     lines = ["| system | copy decode tok/s | vs off | accept len | chat decode tok/s | vs off | accept len |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -318,6 +321,7 @@ def report(systems: dict[str, dict], batched: dict[str, float], markdown: Path |
         lines.append("\n" + line)
     if markdown:
         markdown.write_text("\n".join(lines) + "\n")
+    results_file.write("spec-decode", "\n".join(lines), args, title=table.title)
 
 
 def main() -> None:
@@ -342,6 +346,7 @@ def main() -> None:
     ap.add_argument(
         "--speculator", default=None, help="a draft head for the embedded model (adds a system)"
     )
+    results_file.add_arguments(ap)
     args = ap.parse_args()
     if args.rounds is not None and args.rounds < 1:
         ap.error("--rounds: at least 1")
@@ -390,7 +395,7 @@ def main() -> None:
                 log.print(f"batched {users} users, {name}: {tps:.1f} tok/s")
         batched = {name: statistics.median(v) for name, v in runs.items()}
     log.print(f"load average after: {os.getloadavg()}")
-    report(systems, batched, args.markdown)
+    report(systems, batched, args.markdown, args)
 
 
 if __name__ == "__main__":

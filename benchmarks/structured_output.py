@@ -13,14 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from tokenmill import LLM, SamplingParams
-from tokenmill.structured.grammar import GrammarCompiler, GrammarError
-from tokenmill.structured.spec import StructuredOutputsParams
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import results as results_file  # noqa: E402
+from tokenmill import LLM, SamplingParams  # noqa: E402
+from tokenmill.structured.grammar import GrammarCompiler, GrammarError  # noqa: E402
+from tokenmill.structured.spec import StructuredOutputsParams  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[1] / "tests" / "data" / "jsonschemabench-sample"
 # Long enough that no request completes inside the token budget: every step runs all rows
@@ -105,11 +108,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
+    results_file.add_arguments(ap)
     args = ap.parse_args()
     llm = LLM(max_num_seqs=64)
     stats = compile_and_mask_times(llm)
     free = throughput(llm, args.requests, args.max_tokens, constrained=False)
     constrained = throughput(llm, args.requests, args.max_tokens, constrained=True)
+    with results_file.capture("structured-output", args):
+        report(args, stats, free, constrained)
+
+
+def report(args: argparse.Namespace, stats: dict, free: float, constrained: float) -> None:
     print(
         f"grammar compile over {stats['schemas']} schemas: p50 {stats['compile_p50_ms']:.2f} ms, "
         f"p99 {stats['compile_p99_ms']:.2f} ms; {stats['compile_failures']} schemas rejected by the compiler"

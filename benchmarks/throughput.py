@@ -81,6 +81,8 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import results as results_file  # noqa: E402
 from tokenmill.model.embedded import embedded_model_path  # noqa: E402
 
 LLAMA_CPP_VERSION = "0.3.36"
@@ -704,9 +706,9 @@ def print_console(
             out.print("  " + line)
 
 
-def write_markdown(
-    path: Path, results: Sequence[Result], limits: Limits | None, sizes: Sizes, context: list[str]
-) -> None:
+def markdown(
+    results: Sequence[Result], limits: Limits | None, sizes: Sizes, context: list[str]
+) -> str:
     hs = headers(sizes)
     lines = ["| " + " | ".join(hs) + " |", "| --- |" + " ---: |" * (len(hs) - 1)]
     for row in rows(results):
@@ -717,7 +719,7 @@ def write_markdown(
         lines += ["", "Physical limits:", ""] + [
             f"- {line}" for line in limit_lines(limits, results)
         ]
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def cpu_name() -> str:
@@ -745,6 +747,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--skip-llama-cpp", action="store_true")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--llama-cpp-variants", default=",".join(DEFAULT_VARIANTS))
+    results_file.add_arguments(ap)
     args = ap.parse_args(argv)
 
     sizes = Sizes.quick() if args.quick else Sizes()
@@ -835,9 +838,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ".",
     ]
     print_console(results, limits, sizes, context)
+    text = markdown(results, limits, sizes, context)
     if args.markdown:
-        write_markdown(args.markdown, results, limits, sizes, context)
+        args.markdown.write_text(text)
         log.print(f"markdown written to {args.markdown}")
+    results_file.write("throughput", text, args, argv=argv and [sys.argv[0], *argv])
     return 1 if any(r.error for r in results) else 0
 
 

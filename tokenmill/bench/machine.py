@@ -12,6 +12,18 @@ from typing import Any
 from tokenmill.platform import cpu_model
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (/proc/cpuinfo's `flags`: avx2, avx512_vnni, amx_int8, ...);
+    empty where the file is not there."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 def git_commit() -> str | None:
     try:
         out = subprocess.run(
