@@ -8,8 +8,6 @@ import time
 import torch
 
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.spec.draft_policy import DRAFT_SOURCES, Acceptance
-from tokenmill.spec.ngram import NgramIndex
 
 
 class RequestStatus(enum.IntEnum):
@@ -75,12 +73,6 @@ class Request:
         self.loop_breaks = 0
         # Constrained output heading for its end: sampling prefers tokens that close it.
         self.closing = False
-        # recent acceptance of its drafts, per source (its proposer; a draft head's lookup)
-        self.spec_acceptance = {source: Acceptance() for source in DRAFT_SOURCES}
-        self.spec_source = "proposer"  # where the drafts being verified came from
-        self.spec_feature: torch.Tensor | None = None  # last hidden state (draft heads)
-        self.spec_probs: list[float] = []  # the head's probabilities of the drafts in flight
-        self.ngram_index: NgramIndex | None = None  # n-gram lookup's, over all_token_ids
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator()

@@ -79,18 +79,18 @@ def test_drafting_with_the_head_is_lossless(tiny_llama_dir, sequences, trained, 
             speculative_lookup=lookup,
         )  # fmt: skip
         assert run_checked(spec, prompts) == expected, (max_num_seqs, policy)
-        sched = spec.engine.core.scheduler
-        stats = sched.spec_stats
+        drafter = spec.engine.core.drafter
+        stats = drafter.stats
         assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
         by = stats.draft_tokens_by_proposer
         assert sum(by.values()) == stats.num_draft_tokens
         assert set(by) == ({"draft_head", "ngram"} if lookup else {"draft_head"})
         # each source's verifications feed its own server-wide estimate
-        sources = sched.draft_policy.servers
+        sources = drafter.policy.servers
         assert sources["proposer"].trials > 0
         assert (sources["lookup"].trials > 0) == lookup
         # the head's verified drafts calibrate its scores
-        assert sum(sched.draft_policy.calibration.trials) > 0
+        assert sum(drafter.policy.calibration.trials) > 0
     assert spec.engine.core.speculative_info()["method"] == "draft_head"
     assert spec.engine.core.speculative_info()["lookup_first"] is lookup
 
@@ -100,8 +100,8 @@ def test_the_proposer_gets_the_targets_last_hidden_state(tiny_llama_dir, trained
         str(tiny_llama_dir), kv_cache_memory_gib=0.1, weights="float32",
         speculator=str(trained[-1]), num_speculative_tokens=3, speculative_draft_policy="fixed",
     )  # fmt: skip
-    sched = spec.engine.core.scheduler
-    proposer, seen = sched.proposer, []
+    proposer, seen = spec.engine.core.drafter.proposer, []
+    proposer = getattr(proposer, "main", proposer)  # the head behind its n-gram lookup
     original = proposer.propose_scored
 
     def spy(token_ids, max_tokens, feature=None, min_chain_prob=0.0):
@@ -294,10 +294,10 @@ def test_the_native_chain_drafts_what_the_python_loop_drafts(packed_target):
         feature = torch.randn(cfg.hidden_size, generator=gen) * 4
         context = torch.randint(0, cfg.vocab_size, (3,), generator=gen).tolist()
         proposer.chain = None
-        loop = proposer.propose(context, 5, feature)
+        loop = proposer.propose_scored(context, 5, feature)[0]
         proposer.chain = chain
-        assert proposer.propose(context, 5, feature) == loop and len(loop) == 5
-        assert proposer.propose(context, 2, feature) == loop[:2]
+        assert proposer.propose_scored(context, 5, feature)[0] == loop and len(loop) == 5
+        assert proposer.propose_scored(context, 2, feature)[0] == loop[:2]
         assert set(loop) <= set(vocab.tolist())
         drafted.update(loop)
         # each draft's probability under the head: the softmax at its pick, as the loop's

@@ -33,6 +33,7 @@ from tokenmill.spec.draft_policy import (
     context_bucket,
     expected_tokens,
 )
+from tokenmill.spec.drafts import Drafts
 from tokenmill.spec.ngram import NgramProposer
 from tokenmill.spec.verify import accept_drafts
 from tokenmill.stats import SchedulerStats, SpecDecodeStats
@@ -80,9 +81,10 @@ def test_the_incremental_ngram_index_equals_the_scan(monkeypatch, window):
     """A decoding request's NgramIndex (extended by each step's new tokens; rebuilt past twice
     the search window, or when handed a shorter sequence) drafts what the scan of the last
     MAX_SEARCH_TOKENS tokens drafts, step after step."""
-    from tokenmill.spec import ngram
+    from tokenmill.spec import ngram, ngram_index
 
     monkeypatch.setattr(ngram, "MAX_SEARCH_TOKENS", window)
+    monkeypatch.setattr(ngram_index, "MAX_SEARCH_TOKENS", window)
     rng = random.Random(1)
     proposer = NgramProposer(2, 5, 7)
     for _ in range(60):
@@ -146,6 +148,8 @@ class ScriptedProposer:
     and no acceptance on a random tiny model (whose outputs n-gram lookup rarely predicts)."""
 
     name = "scripted"
+    needs_features = False
+    scores_drafts = False
 
     def __init__(self, prompts: list[list[int]], outputs: list[list[int]]) -> None:
         self.known = {tuple(p): out for p, out in zip(prompts, outputs, strict=True)}
@@ -159,6 +163,9 @@ class ScriptedProposer:
                 drafts = list(out[done : done + max_tokens])
                 return [t + 1 if (len(token_ids) + i) % 7 == 0 else t for i, t in enumerate(drafts)]
         return []
+
+    def draft(self, token_ids, state, max_tokens: int, min_chain_prob: float = 0.0) -> Drafts:
+        return Drafts(self.propose(token_ids, max_tokens))
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +218,7 @@ def native_reference(native_path):
 
 def scripted(model_path, reference, **extra) -> LLM:
     llm = make_llm(model_path, True, **extra)
-    llm.engine.core.scheduler.proposer = ScriptedProposer(*reference)
+    llm.engine.core.drafter.proposer = ScriptedProposer(*reference)
     return llm
 
 
@@ -220,7 +227,7 @@ def test_speculation_is_lossless_alone_and_batched(model_path, reference):
     for max_num_seqs in (1, 3, 12):
         spec = scripted(model_path, reference, max_num_seqs=max_num_seqs)
         assert run_checked(spec, prompts) == expected, max_num_seqs
-        stats = spec.engine.core.scheduler.spec_stats
+        stats = spec.engine.core.drafter.stats
         if max_num_seqs == 12:  # 12 decoding requests: more rows than MAX_SPEC_ROWS, no drafts
             assert stats.num_drafts == 0
         else:  # full, partial and no acceptance all happened
@@ -267,7 +274,7 @@ def test_greedy_rows_read_out_their_argmax_alone_with_the_same_tokens(
         assert calls, (spec, max_num_seqs)
         assert max_num_seqs == 1 or max(calls) > 1  # several rows at once
         if spec:
-            assert llm.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+            assert llm.engine.core.drafter.stats.num_accepted_tokens > 0
     monkeypatch.delenv("TOKENMILL_GREEDY_ARGMAX")
     monkeypatch.undo()  # the default threshold: a 1-row greedy readout computes the logits
     lm_head = make_llm(native_path, False, max_num_seqs=1).engine.core.model.lm_head
@@ -307,7 +314,7 @@ def test_every_sampling_option_gives_what_it_gives_without_speculation(native_pa
     outputs = [o.outputs[0].token_ids for o in expected]
     for max_num_seqs in (1, 4):
         spec = make_llm(native_path, True, max_num_seqs=max_num_seqs)
-        spec.engine.core.scheduler.proposer = ScriptedProposer(prompts, outputs)
+        spec.engine.core.drafter.proposer = ScriptedProposer(prompts, outputs)
         ours = spec.generate(inputs, kinds)
         for kind, x, y in zip(kinds, ours, expected, strict=True):
             if max_num_seqs == 1:  # the same rows on the same kernels: the same bits
@@ -318,7 +325,7 @@ def test_every_sampling_option_gives_what_it_gives_without_speculation(native_pa
                 # (not the integer-dot GEMV): logits move by ~1e-4
                 assert x.outputs[0].token_ids == y.outputs[0].token_ids, kind
                 assert logprob_gap(x.outputs[0].logprobs, y.outputs[0].logprobs) < 1e-3, kind
-        stats = spec.engine.core.scheduler.spec_stats
+        stats = spec.engine.core.drafter.stats
         assert stats.num_accepted_tokens > 0 and stats.accepted_lengths[0] > 0
         spec.engine.core.check_invariants()
 
@@ -349,7 +356,7 @@ def sample_verified(target_logits: torch.Tensor, drafts: list[int], n: int, temp
         for i in range(n)
     ]
     sampled: dict[str, list[int]] = {}
-    runner._verify(target_logits.repeat(n, 1), verify, sampled, {})
+    runner._verify(target_logits.repeat(n, 1), verify, sampled, {}, {})
     return [sampled[str(i)] for i in range(n)]
 
 
@@ -395,7 +402,7 @@ def test_speculation_under_preemption_and_on_prefix_cache_hits(native_path, nati
     tight = scripted(model_path, reference, max_num_seqs=4, num_kv_blocks=8)
     assert run_checked(tight, prompts) == expected
     assert tight.engine.core.scheduler.num_preemptions > 0
-    assert tight.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+    assert tight.engine.core.drafter.stats.num_accepted_tokens > 0
     cached = scripted(model_path, reference, max_num_seqs=4)
     assert run_checked(cached, prompts) == expected
     assert run_checked(cached, prompts) == expected  # again: the prompts hit the prefix cache
@@ -414,7 +421,7 @@ def test_a_stop_inside_the_accepted_drafts_ends_the_request_there(native_path, n
             plain = make_llm(native_path, False, block_size=block_size)
             spec = scripted(native_path, native_reference, block_size=block_size, max_num_seqs=3)
             assert run_checked(spec, prompts, params) == run_checked(plain, prompts, params)
-            assert spec.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+            assert spec.engine.core.drafter.stats.num_accepted_tokens > 0
 
 
 COPY_TASK = [
@@ -445,7 +452,7 @@ def test_ngram_speculation_on_a_copy_task_is_lossless(embedded_llm):
     llm = ngram_llm()
     ours = llm.chat(COPY_TASK, params)[0].outputs[0]
     assert ours.token_ids == plain.token_ids and ours.text == plain.text
-    stats = llm.engine.core.scheduler.spec_stats
+    stats = llm.engine.core.drafter.stats
     assert stats.mean_acceptance_length > 2, stats
     llm.engine.core.check_invariants()
 
@@ -464,7 +471,7 @@ def test_stop_strings_inside_accepted_drafts_end_the_output_there(embedded_llm):
         assert ours.token_ids == plain.token_ids, stop
         assert ours.text == plain.text and ours.finish_reason == plain.finish_reason == "stop"
         assert len(ours.logprobs) == len(ours.token_ids)
-    assert llm.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+    assert llm.engine.core.drafter.stats.num_accepted_tokens > 0
     llm.engine.core.check_invariants()
 
 
@@ -474,15 +481,15 @@ def test_drafts_never_run_past_max_tokens_or_the_context():
         speculative_draft_policy="fixed",
         num_speculative_tokens=7,
     )  # fmt: skip
-    sched = llm.engine.core.scheduler
-    original = sched.proposer.propose
+    drafter = llm.engine.core.drafter
+    original = drafter.proposer.propose
     calls = []
 
     def spy(token_ids, max_tokens, **kw):
         calls.append((len(token_ids), max_tokens))
         return original(token_ids, max_tokens, **kw)
 
-    sched.proposer.propose = spy
+    drafter.proposer.propose = spy
     prompt = [1, 2, 3, 4] * 6
     for max_tokens, expected_len in ((9, 9), (None, 40 - len(prompt))):
         calls.clear()
@@ -493,7 +500,7 @@ def test_drafts_never_run_past_max_tokens_or_the_context():
         for length, limit in calls:
             produced = length - len(prompt)
             assert limit <= expected_len - produced - 1 and limit <= 40 - length
-    assert sched.spec_stats.num_accepted_tokens > 0
+    assert drafter.stats.num_accepted_tokens > 0
     llm.engine.core.check_invariants()
 
 
@@ -689,17 +696,17 @@ def test_the_auto_policy_stops_drafting_for_a_request_whose_drafts_fail(
     prompts, expected = native_reference
     wrong = [[t + 1 for t in out] for out in expected]
     llm = make_llm(native_path, True, max_num_seqs=1, speculative_draft_policy="auto")
-    sched = llm.engine.core.scheduler
-    sched.proposer = ScriptedProposer(prompts[:1], wrong[:1])
-    sched.proposer.propose = lambda ids, n, known=sched.proposer.known: list(
+    drafter = llm.engine.core.drafter
+    drafter.proposer = ScriptedProposer(prompts[:1], wrong[:1])
+    drafter.proposer.propose = lambda ids, n, known=drafter.proposer.known: list(
         next(iter(known.values()))[len(ids) - len(prompts[0]) :][:n]
     )
     for rows in range(1, MAX_SPEC_ROWS + 1):
         for _ in range(3):
-            sched.step_times.observe(rows, 0.004 * (1 + 0.45 * (rows - 1)))
-    sched.step_times.observe = lambda *_: None  # keep the costs above
+            drafter.step_times.observe(rows, 0.004 * (1 + 0.45 * (rows - 1)))
+    drafter.step_times.observe = lambda *_: None  # keep the costs above
     assert run_checked(llm, prompts[:1]) == expected[:1]
-    stats = sched.spec_stats
+    stats = drafter.stats
     assert 0 < stats.num_drafts <= 5 and stats.num_accepted_tokens == 0
 
 
@@ -731,7 +738,7 @@ def test_constrained_output_speculates_within_its_grammar(native_path):
     spec = make_llm(native_path, True, max_num_seqs=1)
     proposer = ScriptedProposer(prompts, outputs)  # one draft in 7 off by one token id
     proposed = []
-    spec.engine.core.scheduler.proposer = proposer
+    spec.engine.core.drafter.proposer = proposer
     original = proposer.propose
     proposer.propose = lambda ids, n: proposed.append(original(ids, n)) or proposed[-1]
     ours = spec.generate(inputs, kinds)
@@ -739,7 +746,7 @@ def test_constrained_output_speculates_within_its_grammar(native_path):
         assert x.outputs[0].token_ids == y.outputs[0].token_ids
     for o in ours[:2]:
         jsonschema.validate(json.loads(o.outputs[0].text), schema)
-    stats = spec.engine.core.scheduler.spec_stats
+    stats = spec.engine.core.drafter.stats
     assert stats.num_accepted_tokens > 0
     # the off-by-one drafts broke the grammar: cut before verification
     assert sum(map(len, proposed)) > stats.num_draft_tokens
@@ -771,10 +778,10 @@ def test_constrained_drafts_stop_where_closing_starts(native_path):
             return original(ids, n)
 
         proposer.propose = spy
-        spec.engine.core.scheduler.proposer = proposer
+        spec.engine.core.drafter.proposer = proposer
         ours = [o.outputs[0].token_ids for o in spec.generate(inputs, params)]
         assert ours == expected
-        assert calls and spec.engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+        assert calls and spec.engine.core.drafter.stats.num_accepted_tokens > 0
         for produced, n in calls:
             assert n <= max_tokens - produced - closing_reserve(max_tokens) - 1
         spec.engine.core.check_invariants()
@@ -783,13 +790,13 @@ def test_constrained_drafts_stop_where_closing_starts(native_path):
 def test_the_lookup_before_a_draft_head_is_on_unless_switched_off_on_the_command_line():
     import argparse
 
-    from tokenmill.engine.arg_utils import add_engine_args, build_engine_config, engine_kwargs
+    from tokenmill.engine.arg_utils import EngineArgs, add_engine_args
 
     def spec(*argv: str):
         p = argparse.ArgumentParser()
         add_engine_args(p)
-        kwargs = engine_kwargs(p.parse_args(["--speculator", "head.safetensors", *argv]))
-        return build_engine_config(**kwargs).speculative_config
+        args = EngineArgs.from_cli_args(p.parse_args(["--speculator", "head.safetensors", *argv]))
+        return args.create_engine_config().speculative_config
 
     assert spec().method == "draft_head" and spec().lookup_first
     assert not spec("--no-speculative-lookup").lookup_first

@@ -10,9 +10,8 @@ import time
 
 import torch
 import zmq
-
 from tokenmill.cache_dirs import cache_root
-from tokenmill.config import EngineConfig, SchedulerConfig
+from tokenmill.config import EngineConfig, SchedulerConfig, SpeculativeConfig
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.inputs.validation import validate_params, validate_prompt
 from tokenmill.kernels import ops
@@ -32,12 +31,12 @@ from tokenmill.request import Request, RequestStatus
 from tokenmill.sampling_params import RepetitionDetection, SamplingParams
 from tokenmill.scheduler.output import ModelRunnerOutput, SchedulerOutput
 from tokenmill.scheduler.scheduler import Scheduler
+from tokenmill.spec.drafter import Drafter
 from tokenmill.spec.proposer import build_proposer
 from tokenmill.spec.traffic import TrafficRecorder
 from tokenmill.stats import SchedulerStats
-from tokenmill.structured.closing import char_tokens, token_starts
-from tokenmill.structured.grammar import GrammarCompiler
 from tokenmill.structured.loops import RepetitionDetector
+from tokenmill.structured.manager import StructuredOutputManager
 from tokenmill.worker.model_runner import ModelRunner, kv_bytes_per_block
 
 logger = logging.getLogger(__name__)
@@ -140,9 +139,11 @@ class EngineCore:
         self.max_model_len = min(model_len, num_blocks * cache.block_size)
         check_schedulable(config.scheduler_config, self.max_model_len)
         self.vocab_size = arch.vocab_size
+        self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size)
         self.runner = ModelRunner(
-            self.model, num_blocks, cache.block_size, kv_dtype=kv_dtype, device=config.device
-        )
+            self.model, num_blocks, cache.block_size, kv_dtype=kv_dtype, device=config.device,
+            structured=self.structured,
+        )  # fmt: skip
         profile.mark("allocate KV cache")
         self.events = KVEventCollector(cache.block_size)
         self.publisher = (
@@ -159,9 +160,8 @@ class EngineCore:
             block_io=self.runner,
             events=self.events,
         )
-        spec = config.speculative_config
-        self.proposer = build_proposer(spec, self.model) if spec is not None else None
-        self.runner.keep_features = bool(getattr(self.proposer, "needs_features", False))
+        self.drafter = self._build_drafter(config.speculative_config)
+        self.runner.keep_features = self.drafter is not None and self.drafter.needs_features
         self.recorder: TrafficRecorder | None = None
         if config.record_traffic_dir is not None:
             tok = self.tokenizer
@@ -177,8 +177,7 @@ class EngineCore:
             config.scheduler_config,
             self.kv_manager,
             self.max_model_len,
-            self.proposer,
-            spec.draft_policy if spec is not None else "auto",
+            self.drafter,
         )
         if self.recorder is not None:
             recorder = self.recorder
@@ -192,7 +191,6 @@ class EngineCore:
             if config.kv_transfer_config.role != "both"
             else None
         )  # fmt: skip
-        self._grammar_compiler: GrammarCompiler | None = None
         profile.mark("scheduler")
         if config.warm_up:
             self._warm_up()
@@ -205,6 +203,12 @@ class EngineCore:
             self.max_model_len,
             time.monotonic() - t0,
         )
+
+    def _build_drafter(self, spec: SpeculativeConfig | None) -> Drafter | None:
+        if spec is None:
+            return None
+        proposer = build_proposer(spec, self.model)
+        return Drafter(proposer, spec.draft_policy == "auto", self.structured.valid_prefix)
 
     def _warm_up(self) -> None:
         """A one-token greedy request (a one-row prefill, then a decode step) through a
@@ -295,8 +299,7 @@ class EngineCore:
             cache_salt=req.cache_salt,
         )
         params = req.sampling_params
-        if params.structured_outputs is not None:
-            request.grammar = self.grammar_compiler.matcher(params.structured_outputs)
+        self.structured.init_request(request, params)
         repetition = params.repetition_detection
         if repetition is None or repetition is True:
             repetition = (
@@ -323,22 +326,6 @@ class EngineCore:
         if req.sampling_params.n > 1:
             raise ValueError("kv_transfer_params: needs n = 1")
         return params
-
-    @property
-    def grammar_compiler(self) -> GrammarCompiler:
-        """Built on first use (building the llguidance tokenizer takes a fraction of a second)."""
-        if self._grammar_compiler is None:
-            self._grammar_compiler = GrammarCompiler(self.tokenizer, self.vocab_size)
-            sampler = self.runner.sampler
-            n = min(self.vocab_size, self.tokenizer.vocab_size)
-            texts = [self.tokenizer.decode([t], skip_special_tokens=False) for t in range(n)]
-            sampler.closers = token_starts(texts)
-            sampler.char_tokens = char_tokens(texts)
-            sampler.eos_ids = torch.tensor(
-                [t for t in self.tokenizer.eos_token_ids if t < self.vocab_size]
-            )
-            sampler.decode = self.tokenizer.decode
-        return self._grammar_compiler
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if self.kv_connector is not None:
@@ -420,13 +407,14 @@ class EngineCore:
                         request.request_id, [], finish_reason="error", stop_reason=reason
                     )
                 )
+        if self.drafter is not None:
+            self.drafter.update_features(result.features)
         outs += self.scheduler.update_from_output(sched, result)
-        if self.proposer is not None and not failures and sched.is_decode_only:
+        if self.drafter is not None and not failures and sched.is_decode_only:
             # what a verification row costs here, measured (speculation's draft policy)
             context = sum(sr.request.num_computed_tokens for sr in sched.scheduled)
-            drafting = self.scheduler.draft_policy.drafting  # left out: priced per draft
-            seconds = time.perf_counter() - start - drafting
-            self.scheduler.step_times.observe(sched.num_scheduled_tokens, seconds, context)
+            seconds = time.perf_counter() - start
+            self.drafter.observe_step(sched.num_scheduled_tokens, seconds, context)
         return EngineCoreOutputs(outs, self.stats())
 
     def _execute_isolated(

@@ -4,6 +4,7 @@ and the logprobs of what was drawn."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +12,9 @@ from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.penalties import apply_penalties
 from tokenmill.structured.closing import EOS, next_closer, path_to_close
 from tokenmill.structured.token_mask import allowed_mask
+
+if TYPE_CHECKING:
+    from tokenmill.structured.manager import StructuredOutputManager
 
 
 @dataclass
@@ -88,13 +92,9 @@ def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor | None = None) -> to
 
 
 class Sampler:
-    def __init__(self) -> None:
-        # Set by the engine once constrained requests exist: the tokens that close structure
-        # (by first character) and the end-of-sequence tokens, plus a decoder for the rows.
-        self.closers: dict[str, torch.Tensor] | None = None
-        self.char_tokens: dict[str, int] = {}  # single-character tokens (path_to_close)
-        self.eos_ids: torch.Tensor | None = None
-        self.decode = None
+    def __init__(self, structured: StructuredOutputManager | None = None) -> None:
+        # its closing tokens (set once constrained requests exist): what closing rows prefer
+        self.structured = structured
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
@@ -140,19 +140,20 @@ class Sampler:
         for r, row in enumerate(rows):
             if row in meta.grammar_masks:
                 allowed[r] = meta.grammar_masks[row]
-        if meta.closing and self.closers is not None:
+        closing = self.structured.closing if self.structured is not None else None
+        if meta.closing and closing is not None:
             # Closing rows: among what the grammar allows, the tokens that finish soonest.
             for row, output in meta.closing.items():
                 r = rows.index(row)
-                want = next_closer(self.decode(output))
+                want = next_closer(closing.decode(output))
                 if want is None:
                     continue
-                ids = self.eos_ids if want == EOS else self.closers[want]
+                ids = closing.eos_ids if want == EOS else closing.closers[want]
                 preferred = torch.zeros_like(allowed[r])
                 preferred[ids] = True
                 preferred &= allowed[r]
                 if not preferred.any() and want == '"':  # the string cannot end yet
-                    step = path_to_close(meta.grammars[row], self.char_tokens, want)
+                    step = path_to_close(meta.grammars[row], closing.char_tokens, want)
                     if step is not None:
                         preferred[step] = True
                 if preferred.any():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from tokenmill.messages import PositionLogprobs
 from tokenmill.request import Request
 
@@ -43,3 +45,6 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[PositionLogprobs]]
     prompt_logprobs: dict[str, list[PositionLogprobs]]
+    # the hidden state behind each request's last sampled token, when a proposer drafts
+    # from it (ModelRunner.keep_features)
+    features: dict[str, torch.Tensor] = field(default_factory=dict)

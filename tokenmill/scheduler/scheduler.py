@@ -5,20 +5,17 @@ prefill, chunked prefill, decode and recompute after preemption."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
-from tokenmill.config import MAX_SPEC_ROWS, SchedulerConfig
+from tokenmill.config import SchedulerConfig
 from tokenmill.kv.connector.base import SchedulerConnector
 from tokenmill.kv.manager import KVCacheManager
 from tokenmill.messages import EngineCoreOutput
 from tokenmill.request import Request, RequestStatus
 from tokenmill.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from tokenmill.scheduler.queue import make_queue
-from tokenmill.spec.draft_policy import DraftPolicy, StepTimes
-from tokenmill.spec.ngram import NgramIndex, NgramProposer
-from tokenmill.spec.proposer import Proposer
-from tokenmill.stats import SchedulerStats, SpecDecodeStats
+from tokenmill.spec.drafter import Drafter
+from tokenmill.stats import SchedulerStats
 from tokenmill.structured.spec import CONSTRAINT_FAILED
 
 logger = logging.getLogger(__name__)
@@ -39,15 +36,12 @@ class Scheduler:
         config: SchedulerConfig,
         kv_manager: KVCacheManager,
         max_model_len: int,
-        proposer: Proposer | None = None,
-        draft_policy: str = "auto",
+        drafter: Drafter | None = None,
     ) -> None:
         self.config = config
-        self.proposer = proposer
-        self.spec_stats = SpecDecodeStats()
+        # speculative decoding: asked for a decoding request's drafts, told what was accepted
+        self.drafter = drafter
         self.on_finished: Callable[[Request], None] | None = None  # completed requests
-        self.step_times = StepTimes()  # decode-only step seconds by rows (the engine measures)
-        self.draft_policy = DraftPolicy(self.step_times, draft_policy == "auto")
         self.kv = kv_manager
         self.max_model_len = max_model_len
         self.waiting = make_queue(config.policy)
@@ -78,6 +72,8 @@ class Scheduler:
                 self.waiting.remove(request)
             request.status = status
             self._free(request, status.name.lower())
+            if self.drafter is not None:
+                self.drafter.finish(rid)
             done.append(request)
         return done
 
@@ -95,12 +91,10 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: dict[str, ScheduledRequest] = {}
 
-        # Drafts go to decoding requests while the step's decode rows fit MAX_SPEC_ROWS.
         spec_rows_left = 0
-        if self.proposer is not None:
+        if self.drafter is not None:
             decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-            spec_rows_left = MAX_SPEC_ROWS - len(decoding)
-            self.draft_policy.start_step(len(decoding), sum(r.num_tokens for r in decoding))
+            spec_rows_left = self.drafter.start_step(decoding)
 
         # 1) Running requests first: decodes and unfinished prefill chunks.
         for request in list(self.running):
@@ -112,7 +106,8 @@ class Scheduler:
             if num_new <= 0:
                 continue
             if num_new == 1 and spec_rows_left > 0:
-                drafts = self._propose(request, min(spec_rows_left, budget - 1))
+                slots = self._draft_slots(request, min(spec_rows_left, budget - 1))
+                drafts = self.drafter.draft(request, slots)
                 if drafts and self.kv.allocate_slots(request, 1 + len(drafts)):
                     scheduled[request.request_id] = ScheduledRequest(
                         request, 1 + len(drafts), [], drafts
@@ -170,113 +165,21 @@ class Scheduler:
         cap = self.config.long_prefill_token_threshold
         return min(num_new, cap) if cap and self.config.enable_chunked_prefill else num_new
 
-    def _propose(self, request: Request, max_drafts: int) -> list[int]:
-        """Drafts for a decoding request, cut at the first one its grammar (if any) rejects;
-        none while a loop-breaking ban is pending or constrained output is being closed.
-        Never past max_tokens or max_model_len."""
+    def _draft_slots(self, request: Request, max_drafts: int) -> int:
+        """How many drafts a decoding request may get: none while a loop-breaking ban is
+        pending or constrained output is being closed; never past max_tokens or
+        max_model_len, nor (constrained) past the point where it starts closing (a position
+        verified there would be sampled without the closing rule)."""
         if request.banned_next or (request.grammar is not None and request.closing):
-            return []
+            return 0
         room = min(
             max_drafts,
             request.max_tokens - request.num_output_tokens - 1,
             self.max_model_len - request.num_tokens,
         )
         if request.grammar is not None:
-            # constrained output starts closing (a rule of its own) once few tokens are left;
-            # a position verified past that point would be sampled without it
             room = min(room, self._tokens_before_closing(request) - 1)
-        if room <= 0:
-            return []
-        assert self.proposer is not None
-        lookup = getattr(self.proposer, "lookup", None)
-        if lookup is not None:  # free to ask: where the sequence repeats itself, copy it
-            index = self._ngram_index(request, lookup)
-            found = self._timed(lookup.propose, "lookup", request.all_token_ids, room, index=index)
-            drafts = self._paying(request, "lookup", found)
-            if drafts:
-                return drafts
-        own = request.spec_acceptance["proposer"]
-        policy = self.draft_policy
-        scored = getattr(self.proposer, "scores_drafts", False)
-        # a scoring proposer's drafts are sized by their own probabilities (after drafting):
-        # before, only whether its most confident drafts would pay
-        rate = policy.calibration.best_rate() if scored else policy.acceptance(own)
-        cost = policy.draft_costs["proposer"].per_draft()
-        room = policy.num_drafts(rate, room, cost)  # no drafting where none would pay
-        if room <= 0:
-            policy.idle(own)
-            policy.draft_costs["proposer"].idle()
-            if scored:
-                policy.calibration.idle()
-            return []
-        if scored:
-            return self._scored_drafts(request, room)
-        if isinstance(self.proposer, NgramProposer):
-            kw = {"index": self._ngram_index(request, self.proposer)}
-        elif getattr(self.proposer, "needs_features", False):
-            kw = {"feature": request.spec_feature}
-        else:
-            kw = {}
-        drafts = self._timed(self.proposer.propose, "proposer", request.all_token_ids, room, **kw)
-        return self._paying(request, "proposer", drafts)
-
-    def _scored_drafts(self, request: Request, room: int) -> list[int]:
-        """A draft head's chain, stopped where it gets too unlikely to pay for a row, cut at
-        the first draft the grammar rejects, then sized by the drafts' calibrated
-        probabilities."""
-        policy = self.draft_policy
-        if request.spec_feature is None:  # nothing to draft from (not a drafting cost)
-            return []
-        start = time.perf_counter()
-        drafts, probs = self.proposer.propose_scored(
-            request.all_token_ids, room, request.spec_feature, policy.min_chain_prob()
-        )
-        # a chain stopped before its first draft still ran the head once
-        policy.drafted("proposer", max(len(drafts), 1), time.perf_counter() - start)
-        drafts = self._within_grammar(request, drafts)
-        k = policy.num_scored_drafts(probs[: len(drafts)])
-        if k:
-            policy.commit_scored(probs, k)
-            request.spec_source = "proposer"
-            request.spec_probs = probs[:k]
-        else:
-            policy.idle(request.spec_acceptance["proposer"])
-        return drafts[:k]
-
-    @staticmethod
-    def _ngram_index(request: Request, proposer: NgramProposer) -> NgramIndex:
-        if request.ngram_index is None:
-            request.ngram_index = proposer.new_index()
-        return request.ngram_index
-
-    def _timed(self, propose, source: str, token_ids, room: int, **kw) -> list[int]:
-        """A proposer's drafts; the time they took is the draft policy's cost per draft of the
-        source, and is left out of the step time by row count."""
-        start = time.perf_counter()
-        drafts = propose(token_ids, room, **kw)
-        self.draft_policy.drafted(source, len(drafts), time.perf_counter() - start)
-        return drafts
-
-    @staticmethod
-    def _within_grammar(request: Request, drafts: list[int]) -> list[int]:
-        """The drafts up to the first one the request's grammar (if any) rejects."""
-        if drafts and request.grammar is not None:
-            return drafts[: request.grammar.validate_tokens(drafts)]
-        return drafts
-
-    def _paying(self, request: Request, source: str, drafts: list[int]) -> list[int]:
-        """The drafts up to the first one the request's grammar rejects, and of those as many
-        as pay at the source's acceptance; the request remembers where they came from."""
-        drafts = self._within_grammar(request, drafts)
-        acceptance = request.spec_acceptance[source]
-        rate = self.draft_policy.acceptance(acceptance, source)
-        k = self.draft_policy.num_drafts(rate, len(drafts))
-        if k:
-            self.draft_policy.commit(rate, k)
-            request.spec_source = source
-        elif drafts and source == "lookup":
-            self.draft_policy.idle(acceptance, source)  # declined: its estimate drifts back
-        return drafts[:k]
+        return max(room, 0)
 
     def _pick_victim(self) -> Request:
         if self.config.policy == "priority":
@@ -308,18 +211,7 @@ class Scheduler:
             sampled = result.sampled_token_ids.get(rid, ())
             if sr.spec_token_ids:
                 request.num_computed_tokens += len(sampled)
-                source = request.spec_source
-                drafter = self.proposer.lookup if source == "lookup" else self.proposer
-                if source == "proposer" and request.spec_probs:
-                    self.draft_policy.calibration.record(request.spec_probs, len(sampled) - 1)
-                    request.spec_probs = []
-                self.spec_stats.record(len(sr.spec_token_ids), len(sampled) - 1, drafter.name)
-                self.draft_policy.record(
-                    request.spec_acceptance[source],
-                    len(sr.spec_token_ids),
-                    len(sampled) - 1,
-                    source,
-                )
+                self.drafter.verified(request, len(sr.spec_token_ids), len(sampled) - 1)
             else:
                 request.num_computed_tokens += sr.num_new_tokens
             new_tokens: list[int] = []
@@ -360,6 +252,8 @@ class Scheduler:
                 if self.connector is None or not self.connector.request_finished(request):
                     self.kv.free(request)
                 del self.requests[rid]
+                if self.drafter is not None:
+                    self.drafter.finish(rid)
                 if self.on_finished is not None:
                     self.on_finished(request)
         return outputs
@@ -441,5 +335,5 @@ class Scheduler:
             num_repetition_cutoffs=self.num_repetition_cutoffs,
             prefix_cache_queries=self.kv.stats.queries,
             prefix_cache_hits=self.kv.stats.hits,
-            spec_decode=self.spec_stats.copy() if self.proposer is not None else None,
+            spec_decode=self.drafter.stats.copy() if self.drafter is not None else None,
         )

@@ -148,5 +148,5 @@ def measure_speedup(llm, model: str | None, path: str, held, max_tokens: int, k:
             seconds += time.perf_counter() - t
             tokens += len(out.outputs[0].token_ids)
         rates.append(tokens / seconds)
-    stats = spec.engine.core.scheduler.spec_stats
+    stats = spec.engine.core.drafter.stats
     return rates[0], rates[1], stats.mean_acceptance_length or 1.0

@@ -16,8 +16,9 @@ from tokenmill.spec.draft_head import (
     rms,
     target_fingerprint,
 )
+from tokenmill.spec.drafts import Drafts
 from tokenmill.spec.native_chain import NativeDraftChain
-from tokenmill.spec.ngram import NgramProposer
+from tokenmill.spec.state import SpecState
 
 
 def target_readout(model, draft_vocab: torch.Tensor) -> TargetReadout:
@@ -94,12 +95,9 @@ def model_fingerprint(model) -> str:
 class DraftHeadProposer:
     name = "draft_head"
     needs_features = True  # the model runner keeps each request's last hidden state
-    scores_drafts = True  # propose_scored: each draft's probability under the head
+    scores_drafts = True  # each draft's probability under the head
 
     def __init__(self, head: DraftHead, readout: TargetReadout, k: int) -> None:
-        # tried before the head by the scheduler, its drafts sized on their own acceptance
-        # (SpeculativeConfig.lookup_first); None: the head alone
-        self.lookup: NgramProposer | None = None
         self.head = head
         self.readout = readout
         self.k = k
@@ -115,10 +113,13 @@ class DraftHeadProposer:
         head, _ = load_draft_head(path, model_fingerprint(model), cfg.hidden_size, cfg.vocab_size)
         return cls(head, target_readout(model, head.draft_vocab), k)
 
-    def propose(
-        self, token_ids: Sequence[int], max_tokens: int, feature: torch.Tensor | None = None
-    ) -> list[int]:
-        return self.propose_scored(token_ids, max_tokens, feature)[0]
+    def draft(
+        self, token_ids: Sequence[int], state: SpecState, max_tokens: int,
+        min_chain_prob: float = 0.0,
+    ) -> Drafts:  # fmt: skip
+        """The Proposer protocol: a chain from the request's last hidden state."""
+        drafts, probs = self.propose_scored(token_ids, max_tokens, state.feature, min_chain_prob)
+        return Drafts(drafts, probs)
 
     @torch.inference_mode()
     def propose_scored(

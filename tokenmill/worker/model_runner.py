@@ -14,6 +14,7 @@ from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.sampler import LogprobsTensors, Sampler, gather_logprobs
 from tokenmill.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from tokenmill.spec.verify import accept_drafts
+from tokenmill.structured.manager import StructuredOutputManager
 from tokenmill.structured.token_mask import allowed_mask
 from tokenmill.worker.input_batch import build_model_input
 
@@ -36,6 +37,7 @@ class ModelRunner:
         attention_backend: str | None = None,
         kv_dtype: torch.dtype = torch.float32,
         device: str = "cpu",
+        structured: StructuredOutputManager | None = None,
     ) -> None:
         cfg = model.config
         self.model = model
@@ -51,8 +53,8 @@ class ModelRunner:
             self.attn.allocate_kv_cache(num_blocks, kv_dtype, device)
             for _ in range(cfg.num_hidden_layers)
         ]
-        self.sampler = Sampler()
-        self.keep_features = False  # store each request's last hidden state (draft heads)
+        self.sampler = Sampler(structured)
+        self.keep_features = False  # report each request's last hidden state (draft heads)
 
     def read_block(self, block_id: int) -> torch.Tensor:
         """One block's K and V for every layer: [num_layers, 2, block_numel] (a copy)."""
@@ -111,8 +113,9 @@ class ModelRunner:
 
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, list[PositionLogprobs]] = {}
+        features: dict[str, torch.Tensor] = {}
         if verify:
-            self._verify(hidden, verify, sampled, logprobs)
+            self._verify(hidden, verify, sampled, logprobs, features)
         if sample_reqs:
             meta = SamplingMetadata.from_requests(sample_reqs)
             rows_hidden = hidden[sample_rows]
@@ -123,11 +126,11 @@ class ModelRunner:
             for row, req in enumerate(sample_reqs):
                 sampled[req.request_id] = [tokens[row]]
                 if self.keep_features:
-                    req.spec_feature = hidden[sample_rows[row]].clone()
+                    features[req.request_id] = hidden[sample_rows[row]].clone()
                 k = req.sampling_params.logprobs
                 if k is not None and lps is not None:
                     logprobs[req.request_id] = [_position(lps, row, k)]
-        return ModelRunnerOutput(sampled, logprobs, prompt_lp)
+        return ModelRunnerOutput(sampled, logprobs, prompt_lp, features)
 
     def _verify(
         self,
@@ -135,6 +138,7 @@ class ModelRunner:
         verify: list[tuple[ScheduledRequest, int]],
         sampled: dict[str, list[int]],
         logprobs: dict[str, list[PositionLogprobs]],
+        features: dict[str, torch.Tensor],
     ) -> None:
         """Drafts checked against the target's own pick at every drafted position: the
         sampler runs on each position as if the drafts before it had been sampled (see
@@ -164,7 +168,7 @@ class ModelRunner:
             tokens = accept_drafts(sr.spec_token_ids, targets[offset : offset + n])
             sampled[req.request_id] = tokens
             if self.keep_features:  # the state that produced the last accepted token
-                req.spec_feature = hidden[rows[offset + len(tokens) - 1]].clone()
+                features[req.request_id] = hidden[rows[offset + len(tokens) - 1]].clone()
             if req.request_id in seeded and not req.sampling_params.greedy:
                 req.generator.set_state(seeded[req.request_id])
                 for _ in tokens:
