@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
+from tokenmill import envs
 from tokenmill.quant.plan import QuantPlan, read_plan
 from tokenmill.quant.schemes import SCHEMES
 from tokenmill.sampling_params import RepetitionDetection
@@ -13,6 +15,9 @@ GiB = 1 << 30
 
 
 WEIGHT_FORMATS = SCHEMES
+DTYPES = ("float32", "bfloat16")  # --dtype, the older spelling of --weights
+QUANTIZATIONS = ("int8",)  # --quantization, ditto
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True)
@@ -48,9 +53,9 @@ class ModelConfig:
     plan: QuantPlan = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
+        if self.dtype not in DTYPES:
             raise ValueError(f"dtype: unsupported value {self.dtype!r}")
-        if self.quantization not in (None, "int8"):
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization: unsupported value {self.quantization!r}")
         if self.weights is not None:
             if self.weights not in WEIGHT_FORMATS:
@@ -142,7 +147,7 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs: must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens: must be >= 1")
-        if self.policy not in ("fcfs", "priority"):
+        if self.policy not in SCHEDULING_POLICIES:
             raise ValueError(f"policy: must be 'fcfs' or 'priority', got {self.policy!r}")
 
 
@@ -181,6 +186,34 @@ class SpeculativeConfig:
             raise ValueError("speculator: a draft head file goes with method draft_head")
         if self.draft_policy not in DRAFT_POLICIES:
             raise ValueError(f"draft_policy: must be one of {DRAFT_POLICIES}")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Which kernels run: the A/B switches benchmarks compare. Each is also a TOKENMILL_*
+    variable (tokenmill/envs.py), the default when no flag, config key or keyword sets it."""
+
+    # decode rows of Q4_0 / Q4_1 / Q8_0 weights run the integer-dot GEMV (else the fp32 GEMV)
+    int_dot: bool = True
+    # up to how many rows the integer-dot kernel runs: None measured once per machine
+    # (model/row_kernels.py), a number, or "any"
+    int_dot_max_rows: int | str | None = None
+    greedy_argmax: bool = True  # greedy rows read out only the lm_head's argmax
+    fused_decode: bool = True  # decode steps in one native call (model/fused_decode.py)
+    prefetch: bool = True  # native weights prepared while torch is imported (prefetch.py)
+
+    def __post_init__(self) -> None:
+        rows = self.int_dot_max_rows
+        number = isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1
+        if not (rows is None or rows == envs.ANY_ROWS or number):
+            raise ValueError(f"int_dot_max_rows: a number (1 or more) or 'any', got {rows!r}")
+
+    @classmethod
+    def from_env(cls, **given: object) -> KernelConfig:
+        """The settings given (None: not given) over the environment's over the defaults."""
+        values = envs.overrides("kernel_config")
+        values.update({k: v for k, v in given.items() if v is not None})
+        return cls(**values)
 
 
 def default_num_threads() -> int:
@@ -239,3 +272,14 @@ class EngineConfig:
     # one short request through the model before serving (first-call costs paid up front)
     warm_up: bool = True
     kv_transfer_config: KVTransferConfig = field(default_factory=KVTransferConfig)
+    kernel_config: KernelConfig = field(default_factory=KernelConfig.from_env)
+
+
+def kernels_in_force(config: EngineConfig, report: dict[str, Any] | None) -> EngineConfig:
+    """`config` with the kernel switches its engine core reports in force (EngineCore's
+    kernel_info: the integer-dot row limit measured or stored for this machine)."""
+    if not report:
+        return config
+    names = {f.name for f in fields(KernelConfig)}
+    kernels = KernelConfig(**{k: v for k, v in report.items() if k in names})
+    return replace(config, kernel_config=kernels)

@@ -203,7 +203,7 @@ def test_int_dot_passes_non_finite_activations_on(kernels):
     assert torch.allclose(y[2].double(), expected, rtol=1e-5)
 
 
-def test_packed_linear_uses_int_dot_for_decode_rows_where_it_can(monkeypatch):
+def test_packed_linear_uses_int_dot_for_decode_rows_where_it_can():
     from tokenmill.kernels import ops
     from tokenmill.model.linear import PackedLinear
 
@@ -216,8 +216,8 @@ def test_packed_linear_uses_int_dot_for_decode_rows_where_it_can(monkeypatch):
         assert torch.allclose(linear(x), exact, rtol=1e-5, atol=1e-5)
     assert PackedLinear(packed("Q4_1", 40, 96), None).int_dot is None  # 40 rows: fp32 GEMV
     assert PackedLinear(packed("Q5_1", 32, 96), None).int_dot is None
-    monkeypatch.setenv("TOKENMILL_INT_DOT", "0")
-    assert PackedLinear(packed("Q4_1", 32, 96), None).int_dot is None
+    # KernelConfig.int_dot off (--no-int-dot, $TOKENMILL_INT_DOT=0): the fp32 GEMV
+    assert PackedLinear(packed("Q4_1", 32, 96), None, int_dot=False).int_dot is None
 
 
 def int_dot_argmax(lib, x, w):

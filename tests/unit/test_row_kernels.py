@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.unit.test_native_weights import packed
+from tokenmill.config import KernelConfig
 from tokenmill.kernels import ops
 from tokenmill.model import row_kernels
 from tokenmill.model.linear import INT_DOT_MAX_ROWS, NativeMethod, PackedLinear
@@ -116,16 +117,16 @@ def test_packed_layers_run_the_int_dot_kernel_up_to_the_limit(method):
     assert torch.equal(linear.greedy_argmax(x), together.max(dim=1).indices)
 
 
-def test_float_copies_go_where_no_step_runs_the_gemm(method, monkeypatch):
+def test_float_copies_go_where_no_step_runs_the_gemm(method):
     other = method.linear(packed("Q5_0", 32, 128))  # no integer-dot kernel for Q5_0
     assert other.int_dot is None and other.float_linear is not None
-    monkeypatch.setenv(row_kernels.ENV, "1024")
+    method.kernels = KernelConfig(int_dot_max_rows=1024)
     method.choose_row_kernels()
     assert all(x.float_linear is not None for x in method.packed_linears)
     x = torch.randn(1100, 128)
     linear = method.packed_linears[1]
     expected = linear(x)  # past the limit: the GEMM on the float copy
-    monkeypatch.setenv(row_kernels.ENV, "any")
+    method.kernels = KernelConfig(int_dot_max_rows="any")
     assert method.choose_row_kernels() == row_kernels.UNLIMITED
     assert [x.float_linear is None for x in method.packed_linears] == [True] * 3 + [False]
     got = linear(x)  # now the integer-dot kernel

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tokenmill.config import EngineConfig
+from tokenmill.config import EngineConfig, kernels_in_force
 from tokenmill.engine.core_client import EngineCoreClient, EngineDeadError
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.processor import InputProcessor
@@ -183,6 +183,7 @@ class AsyncLLM:
                 logger.debug("engine-core start-up: %s %.3f s", phase["name"], phase["seconds"])
         self.max_model_len = info["max_model_len"]
         self.engine_info = info
+        self.config = kernels_in_force(self.config, info.get("kernels"))
         self.processor = InputProcessor(
             self.tokenizer, self.chat_template, self.max_model_len, info["vocab_size"]
         )

@@ -10,8 +10,9 @@ import time
 
 import torch
 import zmq
+
 from tokenmill.cache_dirs import cache_root
-from tokenmill.config import EngineConfig, SchedulerConfig, SpeculativeConfig
+from tokenmill.config import EngineConfig, KernelConfig, SchedulerConfig, SpeculativeConfig
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.inputs.validation import validate_params, validate_prompt
 from tokenmill.kernels import ops
@@ -26,6 +27,7 @@ from tokenmill.model.linear import NativeMethod, get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.model_files import ModelFiles
 from tokenmill.model.prefetch import WeightPrefetch
+from tokenmill.model.row_kernels import INT_DOT_KINDS, row_setting
 from tokenmill.quant.weights import load_for_plan
 from tokenmill.request import Request, RequestStatus
 from tokenmill.sampling_params import RepetitionDetection, SamplingParams
@@ -108,15 +110,13 @@ class EngineCore:
             files.weights,
             max_positions=model_len,
             method=get_linear_method(
-                plan.method, config.model_config.dequant_cache_bytes, prefetch
+                plan.method, config.model_config.dequant_cache_bytes, prefetch, config.kernel_config
             ),
             rope_freq_factors=files.rope_freq_factors,
         )
         files.weights.clear()
         profile.mark("build model")
-        if isinstance(self.model.method, NativeMethod):
-            self.model.method.choose_row_kernels()
-            profile.mark("choose row kernels")
+        self.kernel_config = self._kernels_in_force(config.kernel_config)
         if prefetch is not None:
             prefetch.close()
             profile.background.update({f"prefetch {k}": v for k, v in prefetch.seconds.items()})
@@ -373,6 +373,25 @@ class EngineCore:
         """The active speculator (for /server_info), None when speculation is off."""
         spec = self.config.speculative_config
         return dataclasses.asdict(spec) if spec is not None else None
+
+    def _kernels_in_force(self, kernels: KernelConfig) -> KernelConfig:
+        """Sets up to how many rows the packed layers run the integer-dot kernel (measured or
+        stored for this machine unless configured); the switches with that limit."""
+        if not isinstance(self.model.method, NativeMethod):
+            return kernels
+        limit = self.model.method.choose_row_kernels()
+        self.profile.mark("choose row kernels")
+        return dataclasses.replace(kernels, int_dot_max_rows=row_setting(limit))
+
+    def kernel_info(self) -> dict:
+        """The kernel switches in force (the integer-dot row limit as measured or stored for
+        this machine) and what this build runs, for /server_info and benchmark reports."""
+        native = ops.kernels_available()
+        return {
+            **dataclasses.asdict(self.kernel_config),
+            "native_kernels": native,
+            "int_dot_kind": INT_DOT_KINDS.get(ops.int_dot_kind()) if native else None,
+        }
 
     def reset_prefix_cache(self) -> bool:
         ok = self.kv_manager.reset_prefix_cache()

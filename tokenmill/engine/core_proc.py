@@ -54,6 +54,7 @@ class EngineCoreProc:
             "quant_plan": core.config.model_config.plan.describe(),
             "weights_kld": core.weights_kld,
             "speculative": core.speculative_info(),
+            "kernels": core.kernel_info(),
             "pid": os.getpid(),
             "startup": core.profile.to_dict(),
             "kv_transfer": core.kv_connector.info() if core.kv_connector else None,

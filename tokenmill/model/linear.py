@@ -12,11 +12,11 @@ batch: both methods are batch-invariant.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
 
+from tokenmill.config import KernelConfig
 from tokenmill.kernels import ops
 from tokenmill.model.packed import Int8Weight, OutlierSplit, PackedStack, PackedWeight, as_float
 from tokenmill.model.prefetch import FLOAT_T, INT_DOT, WeightPrefetch
@@ -150,11 +150,9 @@ _DEQUANT_CHUNK_BYTES = 4 << 20
 
 
 def int_dot_decode(weight: PackedWeight) -> bool:
-    """Decode rows of this weight run the integer-dot GEMV (24-bit activations, VNNI or AVX2):
-    Q4_0 / Q4_1 / Q8_0 with rows in groups of 16, on a build with a vector implementation
-    (TOKENMILL_INT_DOT=0 keeps the fp32 GEMV)."""
-    if os.environ.get("TOKENMILL_INT_DOT", "1") == "0":
-        return False
+    """Decode rows of this weight can run the integer-dot GEMV (24-bit activations, VNNI or
+    AVX2): Q4_0 / Q4_1 / Q8_0 with rows in groups of 16, on a build with a vector
+    implementation (KernelConfig.int_dot off keeps the fp32 GEMV)."""
     return ops.int_dot_kind() > 0 and ops.int_dot_supported(weight)
 
 
@@ -162,12 +160,6 @@ def int_dot_decode(weight: PackedWeight) -> bool:
 # lm_head either way, and the argmax's extra pass made it slower (AMD EPYC: 1.43 vs 1.08 ms
 # at 1 row, 1.60-1.80 vs 1.08-1.30 at 2; a 2-core Xeon: even).
 GREEDY_ARGMAX_MIN_ROWS = 3
-
-
-def argmax_enabled() -> bool:
-    """Greedy rows read out only their argmax where the lm_head can (TOKENMILL_GREEDY_ARGMAX=0
-    computes every logit: the A/B switch for benchmarks)."""
-    return os.environ.get("TOKENMILL_GREEDY_ARGMAX", "1") != "0"
 
 
 class PackedLinear:
@@ -184,9 +176,10 @@ class PackedLinear:
         bias: torch.Tensor | None,
         keep_float: bool = False,
         prefetch: WeightPrefetch | None = None,
+        int_dot: bool = True,
     ) -> None:
         """`prefetch`: the start-up prefetch, which may have prepared this weight's repack
-        and float copy already (prefetch.py)."""
+        and float copy already (prefetch.py); `int_dot`: KernelConfig.int_dot."""
         self.weight = weight
         self.bias = bias.float().contiguous() if bias is not None else None
         # up to this many rows run the integer-dot kernel (the method measures it: row_kernels)
@@ -196,7 +189,7 @@ class PackedLinear:
         self._scratch: torch.Tensor | None = None
         # decode rows run integer dot products on a regrouped copy where the format allows
         self.int_dot = None
-        if int_dot_decode(weight):
+        if int_dot and int_dot_decode(weight):
             self.int_dot = prepared(prefetch, INT_DOT, weight)
             if self.int_dot is None:
                 self.int_dot = ops.int_dot_repack(weight)
@@ -288,8 +281,10 @@ class FloatMethod:
     fused_decode = False  # decode steps in one native call (fused_decode.py)
     prefetch: WeightPrefetch | None = None  # native weights prepared at start-up
 
-    def __init__(self) -> None:
+    def __init__(self, kernels: KernelConfig | None = None) -> None:
+        """`kernels`: the engine's switches (default: the environment's, envs.py)."""
         self.native = ops.kernels_available()
+        self.kernels = kernels or KernelConfig.from_env()
 
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> FloatLinear:
         return FloatLinear(weight, bias)
@@ -312,8 +307,8 @@ class BFloat16Method(FloatMethod):
 
     name = "bfloat16"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, kernels: KernelConfig | None = None) -> None:
+        super().__init__(kernels)
         self.packed = packed_bf16_available()
 
     def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> BFloat16Linear:
@@ -340,20 +335,25 @@ class NativeMethod(FloatMethod):
     name = "native"
 
     def __init__(
-        self, dequant_cache_bytes: int = 0, prefetch: WeightPrefetch | None = None
+        self,
+        dequant_cache_bytes: int = 0,
+        prefetch: WeightPrefetch | None = None,
+        kernels: KernelConfig | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(kernels)
         self.prefetch = prefetch
         # float32 copies of packed weights for batched GEMMs, first come first served
         self.dequant_cache_left = dequant_cache_bytes
-        # TOKENMILL_FUSED_DECODE=0 keeps decode steps on the per-layer path
-        self.fused_decode = self.native and os.environ.get("TOKENMILL_FUSED_DECODE", "1") != "0"
+        # fused_decode off keeps decode steps on the per-layer path
+        self.fused_decode = self.native and self.kernels.fused_decode
         self.packed_linears: list[PackedLinear] = []  # for choose_row_kernels
 
     def choose_row_kernels(self) -> int:
         """Sets up to how many rows the packed layers run the integer-dot kernel, as measured
         for this machine (row_kernels.py), once the model is built; returns it."""
-        limit = int_dot_row_limit(self.packed_linears, INT_DOT_MAX_ROWS)
+        limit = int_dot_row_limit(
+            self.packed_linears, INT_DOT_MAX_ROWS, self.kernels.int_dot_max_rows
+        )
         dropped = 0
         for linear in self.packed_linears:
             linear.int_dot_max_rows = limit
@@ -380,7 +380,8 @@ class NativeMethod(FloatMethod):
         self, weight: torch.Tensor | PackedWeight | Int8Weight, bias: torch.Tensor | None = None
     ):
         if isinstance(weight, PackedWeight) and self.native:
-            linear = PackedLinear(weight, bias, self._keep_float(weight), self.prefetch)
+            keep_float = self._keep_float(weight)
+            linear = PackedLinear(weight, bias, keep_float, self.prefetch, self.kernels.int_dot)
             self.packed_linears.append(linear)
             return linear
         if isinstance(weight, PackedStack) and self.native:
@@ -418,11 +419,15 @@ def _quantize_rows_torch(x: torch.Tensor) -> QuantizedActivation:
 
 
 def get_linear_method(
-    weights: str, dequant_cache_bytes: int = 0, prefetch: WeightPrefetch | None = None
+    weights: str,
+    dequant_cache_bytes: int = 0,
+    prefetch: WeightPrefetch | None = None,
+    kernels: KernelConfig | None = None,
 ) -> FloatMethod:
     """The method for `--weights`: native, float32, bfloat16 or int8. `dequant_cache_bytes`:
     how much float32 the native method may keep beside packed weights for batched GEMMs;
-    `prefetch`: native weights prepared at start-up."""
+    `prefetch`: native weights prepared at start-up; `kernels`: which kernels run (default:
+    the environment's, envs.py)."""
     methods = {
         "native": NativeMethod,
         "float32": FloatMethod,
@@ -432,5 +437,5 @@ def get_linear_method(
     if weights not in methods:
         raise ValueError(f"weights: unsupported value {weights!r} (one of {list(methods)})")
     if weights == "native":
-        return NativeMethod(dequant_cache_bytes, prefetch)
-    return methods[weights]()
+        return NativeMethod(dequant_cache_bytes, prefetch, kernels)
+    return methods[weights](kernels)

@@ -14,7 +14,7 @@ from tokenmill.kernels import ops
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
 from tokenmill.model.fused_decode import FusedDecoder, decode_only
-from tokenmill.model.linear import FloatMethod, argmax_enabled, prepared
+from tokenmill.model.linear import FloatMethod, prepared
 from tokenmill.model.packed import PackedWeight, as_float, cat_rows
 from tokenmill.model.prefetch import ROWS, WeightPrefetch
 from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
@@ -158,7 +158,7 @@ class LlamaForCausalLM:
         the argmax without computing every logit in full (PackedLinear.greedy_argmax); None
         where it cannot (then compute the logits)."""
         argmax = getattr(self.lm_head, "greedy_argmax", None)
-        if argmax is None or not argmax_enabled():
+        if argmax is None or not self.method.kernels.greedy_argmax:
             return None
         x = self.method.norm(hidden, self.norm, self.config.rms_norm_eps)
         return argmax(x) if isinstance(x, torch.Tensor) else None

@@ -12,13 +12,12 @@ first result the model asks for stops it after the one it is on.
 Results are handed over by content: the model asks for an operation's result on a weight's
 bytes (kind, format, shape, XXH3-128 of the bytes); what the prefetch did not prepare, or
 prepared from other bytes, is computed as usual. A prefetch makes start-up faster, never
-different. `TOKENMILL_PREFETCH=0` turns it off.
+different. `--no-prefetch` (KernelConfig.prefetch; $TOKENMILL_PREFETCH=0) turns it off.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xxhash
 
+from tokenmill import envs
 from tokenmill.model.gguf_layout import packed_rows, rope_permuted, unpermuted_row_order
 from tokenmill.model.host_memory import anonymous_array
 from tokenmill.platform import lower_thread_priority
@@ -71,9 +71,11 @@ def content_key(kind: str, qtype: int, rows: int, cols: int, data: np.ndarray) -
 
 
 class WeightPrefetch:
-    def __init__(self, path: Path, float_budget_bytes: int):
+    def __init__(self, path: Path, float_budget_bytes: int, int_dot: bool = True):
+        """`int_dot`: KernelConfig.int_dot (off: no integer-dot repacks to prepare)."""
         self.path = path
         self.float_budget_bytes = float_budget_bytes
+        self.int_dot = int_dot
         self.seconds: dict[str, float] = {}  # prefetch step -> seconds, for the profile
         self.prepared = 0
         self.used = 0
@@ -168,7 +170,7 @@ class WeightPrefetch:
         tensors = {t.name: t for t in gguf.tensors}
         permuted = rope_permuted(gguf.metadata["general.architecture"])
         threads = 1  # one core beside the import: OpenMP teams would stall each other
-        int_dot = os.environ.get("TOKENMILL_INT_DOT", "1") != "0" and lib.tm_int_dot_kind() > 0
+        int_dot = self.int_dot and lib.tm_int_dot_kind() > 0
         budget = self.float_budget_bytes
 
         def packed(name: str, heads: int | None = None) -> _Packed | None:
@@ -253,9 +255,9 @@ def start_prefetch(config: EngineConfig) -> WeightPrefetch | None:
     plan = mc.plan
     if plan.scheme != "native" or plan.overrides:
         return None
-    if os.environ.get("TOKENMILL_DISABLE_KERNELS") == "1":
+    if envs.DISABLE_KERNELS.get():
         return None
-    if os.environ.get("TOKENMILL_PREFETCH") == "0":  # to measure what it buys
+    if not config.kernel_config.prefetch:  # to measure what it buys
         return None
     try:
         _, path, kind = model_source(mc.model)
@@ -263,4 +265,4 @@ def start_prefetch(config: EngineConfig) -> WeightPrefetch | None:
         return None
     if kind != "gguf":
         return None
-    return WeightPrefetch(path, mc.dequant_cache_bytes).start()
+    return WeightPrefetch(path, mc.dequant_cache_bytes, config.kernel_config.int_dot).start()

@@ -12,10 +12,9 @@ below a size cap, so a few hundred milliseconds at most) at 64, 128, ... rows an
 largest count up to which the integer-dot kernel was never slower; the answer is stored under
 the cache directory, keyed by the CPU, the kernels build, the thread count and the layer's
 format and shape, so later starts on the machine (and its numbers) do not change with a noisy
-minute. `--int-dot-max-rows N` (or `any`; $TOKENMILL_INT_DOT_MAX_ROWS) sets it instead (benchmarks'
-A/B switch).
-Where the integer-dot kernel wins at any count, the float32 copies kept for the GEMM are
-dropped (the embedded model's 525 MB)."""
+minute. `--int-dot-max-rows N` (or `any`; also $TOKENMILL_INT_DOT_MAX_ROWS) sets it instead
+(benchmarks' A/B switch). Where the integer-dot kernel wins at any count, the float32 copies
+kept for the GEMM are dropped (the embedded model's 525 MB)."""
 
 from __future__ import annotations
 
@@ -62,6 +61,13 @@ UNLIMITED = 1 << 30
 _SAMPLE_MAX_WEIGHTS = 4 << 20
 _REPEATS = 3
 ENV = envs.INT_DOT_MAX_ROWS.name
+# what ops.int_dot_kind() names, for reports
+INT_DOT_KINDS = {2: "avx512_vnni", 1: "avx2", 0: "plain_c"}
+
+
+def row_setting(limit: int) -> int | str:
+    """A row limit as KernelConfig.int_dot_max_rows writes it ("any": no limit)."""
+    return envs.ANY_ROWS if limit >= UNLIMITED else limit
 
 
 def cache_file() -> Path:
