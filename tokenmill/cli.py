@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 
 from tokenmill.config_file import add_config_option, expand_config
-from tokenmill.engine.arg_utils import add_engine_args, engine_kwargs
+from tokenmill.engine.arg_utils import EngineArgs, add_engine_args
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
 # exit status of a command whose reader closed the pipe (as SIGPIPE would end it: 128 + 13)
@@ -69,7 +69,7 @@ def stream_text(engine, prompt, params: SamplingParams) -> Iterator[str]:
 def cmd_generate(args: argparse.Namespace) -> int:
     from tokenmill.engine.llm import LLM
 
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     params = sampling_params(args)
     prompt = args.prompt
     if args.chat:
@@ -85,7 +85,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from tokenmill.engine.llm import LLM
 
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     params = sampling_params(args)
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     interactive = sys.stdin.isatty()

@@ -65,6 +65,26 @@ def yaml_error(path: str | Path, error: Exception) -> str:
     return text
 
 
+def setting_keys(
+    parser: argparse.ArgumentParser,
+) -> tuple[dict[str, argparse.Action], dict[str, argparse.Action]]:
+    """The keys a file may set for this command: its long options without dashes
+    (`max-num-seqs`, `no-warm-up`) and their dests (`max_num_seqs`, `warm_up`), but
+    `--config` itself; a key with underscores matches either as dashes too."""
+    by_option: dict[str, argparse.Action] = {}
+    by_dest: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        if action.dest == "config":
+            continue
+        for option in action.option_strings:
+            if option.startswith("--"):
+                by_option[option[2:]] = action
+        by_dest.setdefault(action.dest, action)
+    return by_option, by_dest
+
+
 def config_argv(
     parser: argparse.ArgumentParser,
     values: dict[str, Any],
@@ -73,15 +93,7 @@ def config_argv(
 ) -> list[str]:
     """The settings as this parser's command-line arguments, but for the flags among
     `typed` (given on the command line: those win, lists included)."""
-    by_option: dict[str, argparse.Action] = {}
-    by_dest: dict[str, argparse.Action] = {}
-    for action in parser._actions:
-        if not action.option_strings or isinstance(action, argparse._HelpAction):
-            continue
-        for option in action.option_strings:
-            if option.startswith("--"):
-                by_option[option[2:]] = action
-        by_dest.setdefault(action.dest, action)
+    by_option, by_dest = setting_keys(parser)
     argv: list[str] = []
     for key, value in values.items():
         name = str(key).replace("_", "-")
@@ -89,22 +101,28 @@ def config_argv(
         as_option = action is not None  # `no-warm-up: true` names the switch itself
         if action is None:
             action = by_dest.get(str(key).replace("-", "_"))
-        if action is None or action.dest == "config":
+        if action is None:
             raise ValueError(f"config: {source}: unknown setting {key!r}")
-        arguments = _as_arguments(action, value, as_option, f"{source}: {key}")
+        named = "--" + name if as_option else None
+        arguments = _as_arguments(action, value, named, f"{source}: {key}")
         if not typed & set(action.option_strings):
             argv += arguments
     return argv
 
 
-def _as_arguments(action: argparse.Action, value: Any, as_option: bool, where: str) -> list[str]:
+def _as_arguments(action: argparse.Action, value: Any, named: str | None, where: str) -> list[str]:
+    """`named`: the option the key named (`no-warm-up`), None for a dest (`warm_up`)."""
     option = next(
         (o for o in action.option_strings if o.startswith("--")), action.option_strings[0]
     )
+    switch = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)
+    if isinstance(action, switch) and not isinstance(value, bool):
+        raise ValueError(f"config: {where}: expected true or false, got {value!r}")
+    if isinstance(action, argparse.BooleanOptionalAction):  # --thing / --no-thing
+        on, off = action.option_strings[:2]
+        return [on if value != (named == off) else off]
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-        if not isinstance(value, bool):
-            raise ValueError(f"config: {where}: expected true or false, got {value!r}")
-        wanted = value if as_option else value == action.const
+        wanted = value if named else value == action.const
         return [option] if wanted else []
     if isinstance(action, argparse._AppendAction) or action.nargs in ("+", "*"):
         items = value if isinstance(value, list) else [value]

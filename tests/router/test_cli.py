@@ -20,6 +20,17 @@ def test_cluster_passes_engine_flags_to_replicas():
     assert args.replicas == 3 and router_config(args).policy == "least_load"
 
 
+def test_cluster_passes_switches_as_typed():
+    args = build_parser().parse_args(
+        ["cluster", "--no-speculative-lookup", "--no-int-dot", "--greedy-argmax",
+         "--int-dot-max-rows", "any", "--no-warm-up"]
+    )  # fmt: skip
+    assert engine_argv(args) == [
+        "--no-speculative-lookup", "--no-warm-up", "--no-int-dot", "--int-dot-max-rows", "any",
+        "--greedy-argmax",
+    ]  # fmt: skip
+
+
 def test_router_flags_make_a_config():
     args = build_parser().parse_args(
         ["router", "--replica", "http://a:1", "--replica", "b:2,tcp://*:3", "--decode-weight",

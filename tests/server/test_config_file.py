@@ -143,6 +143,8 @@ def test_serve_runs_with_a_config_file(tmp_path):
         assert engine["cache_config"]["block_size"] == 32
         assert engine["cache_config"]["enable_prefix_caching"] is False
         assert engine["model_config"]["plan"]["scheme"] == "native"
+        # the kernel switches in force, the integer-dot row limit as measured for this machine
+        assert engine["kernel_config"]["int_dot_max_rows"] is not None
         assert settings["default_max_tokens"] == 5 and settings["api_key"] == "set"
         assert "k" * 32 not in json.dumps(info)
         models = httpx.get(f"{server.v1}/models", headers=auth, timeout=10).json()["data"]
@@ -156,3 +158,25 @@ def test_serve_runs_with_a_config_file(tmp_path):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 5
     finally:
         assert server.stop() == 0
+
+
+def test_server_info_shows_the_kernel_switches_in_force(tmp_path, monkeypatch):
+    """A variable, a flag and a config key each set a switch; /server_info shows them all,
+    the integer-dot row limit as the engine core resolved it."""
+    monkeypatch.setenv("TOKENMILL_GREEDY_ARGMAX", "0")
+    monkeypatch.setenv("TOKENMILL_INT_DOT_MAX_ROWS", "48")
+    path = tmp_path / "serve.yaml"
+    path.write_text("prefetch: false\nno-warm-up: true\n")
+    server = start_server(tmp_path, "--config", str(path), "--no-fused-decode")
+    try:
+        info = httpx.get(f"{server.base_url}/server_info", timeout=10).json()
+    finally:
+        assert server.stop() == 0
+    kernels = info["config"]["engine"]["kernel_config"]
+    assert kernels == {
+        "int_dot": True, "int_dot_max_rows": 48, "greedy_argmax": False,
+        "fused_decode": False, "prefetch": False,
+    }  # fmt: skip
+    facts = info["engine"]["kernels"]
+    assert {k: facts[k] for k in kernels} == kernels
+    assert isinstance(facts["native_kernels"], bool)

@@ -1,403 +1,290 @@
-"""Engine arguments in one place: the command-line flags every engine-running command shares
-(`serve`, `generate`, `chat`, `cluster`) and the frozen EngineConfig they build."""
+"""Engine arguments in one place (vLLM's EngineArgs): each field's default, type, help and
+flag. The flags of every engine-running command (`serve`, `generate`, `chat`, `batch`,
+`cluster`), the keys of `--config FILE`, the keywords of `LLM(...)` and the frozen
+EngineConfig (`create_engine_config()`) all come from these fields."""
 
 from __future__ import annotations
 
 import argparse
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
 
+from tokenmill import envs
 from tokenmill.config import (
     DRAFT_POLICIES,
+    DTYPES,
     KV_CARRIERS,
     KV_LOAD_FAILURE_POLICIES,
     KV_ROLES,
+    QUANTIZATIONS,
+    SCHEDULING_POLICIES,
     SPECULATIVE_METHODS,
     WEIGHT_FORMATS,
     CacheConfig,
     EngineConfig,
-    GiB,
+    KernelConfig,
     KVTransferConfig,
     ModelConfig,
     SchedulerConfig,
     SpeculativeConfig,
-    default_num_threads,
+)
+from tokenmill.engine.arg_spec import (
+    ENGINE,
+    GIB,
+    KERNELS,
+    KV_TRANSFER,
+    MIB,
+    add_arguments,
+    cli_fields,
+    config_default,
+    namespace_values,
+    option,
 )
 
 # A prefill worker's per-prompt share of a step (--long-prefill-token-threshold's default for
 # --role prefill): a short prompt arriving during an 8k one waits one ~0.6 s step on one
 # thread of this CPU instead of the long prompt's whole prefill (benchmarks/disagg.py)
 PREFILL_ROLE_CHUNK = 256
+GROUP_TITLES = {
+    KERNELS: "kernels (A/B switches for benchmarks; their $TOKENMILL_* variable is the default)"
+}
+
+M, C, S = "model_config.", "cache_config.", "scheduler_config."
+SP, KV, K = "speculative_config.", "kv_transfer_config.", "kernel_config."
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = option(
+        M + "model", "GGUF file or HF folder (default: embedded SmolLM2-135M-Instruct)"
+    )
+    weights: str | None = option(
+        M + "weights", "how weights run: native (the default: the file's GGUF blocks kept "
+        "packed and run by native kernels; float files run as float32), float32 (dequantized), "
+        "bfloat16, int8 (W8A8), or a GGUF format made at load (q8_0, q5_1, q5_0, q4_1, "
+        "q4_0; also from safetensors)", choices=WEIGHT_FORMATS,
+    )  # fmt: skip
+    quant_plan: str | None = option(
+        M + "quant_plan", "a plan from `tokenmill quant search`: scheme, per-group formats, "
+        "calibration", metavar="FILE",
+    )  # fmt: skip
+    calibration: str | None = option(
+        M + "calibration", "calibrate the int8 / q* schemes made at load (AWQ / SmoothQuant "
+        "scales) on 'builtin' (the packaged text) or a text file", metavar="TEXT",
+    )  # fmt: skip
+    outlier_channels: int = option(
+        M + "outlier_channels", "with --calibration: keep the N most active input channels of "
+        "each layer in float32 (the packed formats made at load)", metavar="N",
+    )  # fmt: skip
+    dequant_cache_gib: float = option(
+        M + "dequant_cache_bytes", "native weights: float32 copies kept for batched GEMMs "
+        "(prefill, many sequences), up to GIB; decode reads the packed weights. 0: dequantize "
+        "per call", flag="--dequant-cache", metavar="GIB", unit=GIB,
+    )  # fmt: skip
+    max_kld: float | None = option(
+        M + "max_kld", "measure the weights' KL divergence from float32 at load (cached) and "
+        "refuse to start above X", metavar="X",
+    )  # fmt: skip
+    dtype: str = option(M + "dtype", "older spelling of --weights float32|bfloat16", choices=DTYPES)
+    quantization: str | None = option(
+        M + "quantization", "older spelling of --weights int8", choices=QUANTIZATIONS
+    )
+    max_model_len: int | None = option(M + "max_model_len", "context length (default: the model's)")
+    kv_cache_memory_gib: float = option(
+        C + "kv_cache_memory_bytes", "KV cache budget in GiB", flag="--kv-cache-memory",
+        metavar="GIB", unit=GIB,
+    )  # fmt: skip
+    num_kv_blocks: int | None = option(
+        C + "num_blocks_override", "KV blocks in the pool, whatever --kv-cache-memory says",
+        flag="--num-kv-blocks", metavar="N",
+    )  # fmt: skip
+    block_size: int = option(C + "block_size", "tokens per KV block")
+    max_num_seqs: int = option(S + "max_num_seqs", "sequences per step")
+    max_num_batched_tokens: int = option(S + "max_num_batched_tokens", "token budget per step")
+    enable_chunked_prefill: bool = option(
+        S + "enable_chunked_prefill", "schedule whole prompts only", flag="--no-chunked-prefill",
+        kind="off",
+    )  # fmt: skip
+    long_prefill_token_threshold: int | None = option(
+        S + "long_prefill_token_threshold", "a prompt takes at most N tokens of a step, so "
+        "later prompts run beside a long one (0: off; default: "
+        f"{PREFILL_ROLE_CHUNK} on a --role prefill worker, else off)", default=None, metavar="N",
+    )  # fmt: skip
+    scheduling_policy: str = option(
+        S + "policy", flag="--scheduling-policy", choices=SCHEDULING_POLICIES
+    )
+    max_waiting_requests: int | None = option(
+        S + "max_waiting_requests", "requests the engine lets wait (default: unbounded)",
+        metavar="N",
+    )  # fmt: skip
+    num_threads: int | None = option(
+        "num_threads", "torch threads (default: all cores)", default=None
+    )
+    seed: int = option(M + "seed")
+    enable_prefix_caching: bool = option(
+        C + "enable_prefix_caching", "disable prefix caching", flag="--no-prefix-caching",
+        kind="off",
+    )  # fmt: skip
+    kv_offload_memory_gib: float = option(
+        C + "offload_memory_bytes", "host-memory tier for evicted KV blocks",
+        flag="--kv-offload-memory", metavar="GIB", unit=GIB,
+    )  # fmt: skip
+    kv_offload_disk_gib: float = option(
+        C + "offload_disk_bytes", "disk tier for evicted KV blocks", flag="--kv-offload-disk",
+        metavar="GIB", unit=GIB,
+    )  # fmt: skip
+    kv_offload_path: str | None = option(
+        C + "offload_disk_path", "disk tier directory (default ~/.cache/tokenmill/kv)",
+        flag="--kv-offload-path",
+    )  # fmt: skip
+    kv_events_endpoint: str | None = option(
+        C + "kv_events_endpoint", "ZMQ PUB endpoint for KV events, e.g. tcp://*:5557"
+    )
+    kv_events_replay_endpoint: str | None = option(
+        C + "kv_events_replay_endpoint", "ZMQ ROUTER endpoint for event replay"
+    )
+    speculative: str | None = option(
+        SP + "method", "speculative decoding: ngram (prompt lookup: drafts copied from earlier "
+        "in the sequence, verified in one step) or draft_head (with --speculator)",
+        flag="--speculative", default=None, choices=SPECULATIVE_METHODS,
+    )  # fmt: skip
+    speculator: str | None = option(
+        SP + "speculator", "a draft head trained for this model (`tokenmill speculator train`); "
+        "implies --speculative draft_head", metavar="FILE",
+    )  # fmt: skip
+    num_speculative_tokens: int = option(
+        SP + "num_speculative_tokens", "drafts per step", metavar="K"
+    )
+    speculative_draft_policy: str = option(
+        SP + "draft_policy", "auto: drafts sized per request and step by measured step times "
+        "and acceptance (none where they would not pay); fixed: every draft the proposer finds",
+        flag="--speculative-draft-policy", choices=DRAFT_POLICIES,
+    )  # fmt: skip
+    speculative_lookup: bool = option(
+        SP + "lookup_first", "with a draft head: try n-gram lookup first (free; where the "
+        "sequence repeats itself), the head where it finds nothing", flag="--speculative-lookup",
+        kind="toggle",
+    )  # fmt: skip
+    record_traffic: str | None = option(
+        "record_traffic_dir", "write every completed request's prompt and output (text and "
+        "token ids) as JSONL to DIR, to train a draft head on (`tokenmill speculator train "
+        "--traces DIR`). This stores user data; off by default", flag="--record-traffic",
+        metavar="DIR",
+    )  # fmt: skip
+    warm_up: bool = option(
+        "warm_up", "skip the short request run through the model before serving (the first "
+        "request then pays first-call costs; benchmarks/cold_start.py measures both)",
+        flag="--no-warm-up", kind="off",
+    )  # fmt: skip
+    record_traffic_max_mib: int = option(
+        "record_traffic_max_bytes", "stop recording once this much is written",
+        flag="--record-traffic-max-mib", metavar="MIB", unit=MIB,
+    )  # fmt: skip
+    ngram_min: int = option(SP + "ngram_min", "shortest suffix n-gram looked up", metavar="N")
+    ngram_max: int = option(SP + "ngram_max", "longest suffix n-gram looked up", metavar="N")
+    # kernel switches: None leaves the $TOKENMILL_* variable's value, else the default (on)
+    int_dot: bool | None = option(
+        K + "int_dot", "decode rows of Q4_0 / Q4_1 / Q8_0 weights run the integer-dot GEMV "
+        "(--no-int-dot: the fp32 GEMV)", default=None, kind="toggle", group=KERNELS,
+    )  # fmt: skip
+    int_dot_max_rows: int | str | None = option(
+        K + "int_dot_max_rows", "up to how many rows a step runs the integer-dot kernel rather "
+        "than a GEMM: a number or 'any' (default: measured once per machine)",
+        type=lambda raw: envs.parse_rows(raw, "int-dot-max-rows"), metavar="N|any",
+        group=KERNELS,
+    )  # fmt: skip
+    greedy_argmax: bool | None = option(
+        K + "greedy_argmax", "greedy rows read out only the lm_head's argmax "
+        "(--no-greedy-argmax: every logit)", default=None, kind="toggle", group=KERNELS,
+    )  # fmt: skip
+    fused_decode: bool | None = option(
+        K + "fused_decode", "decode steps run every layer in one native call "
+        "(--no-fused-decode: layer by layer)", default=None, kind="toggle", group=KERNELS,
+    )  # fmt: skip
+    prefetch: bool | None = option(
+        K + "prefetch", "native weights prepared while the engine imports torch",
+        default=None, kind="toggle", group=KERNELS,
+    )  # fmt: skip
+    # `serve` only: this replica's part in prefill/decode disaggregation
+    kv_role: str = option(
+        KV + "role", "prefill: serve the KV blocks of requests the router marks "
+        "do_remote_decode; decode: load the prompt's KV from a prefill worker for requests "
+        "marked do_remote_prefill; both: neither (a plain replica)", flag="--role",
+        choices=KV_ROLES, group=KV_TRANSFER,
+    )  # fmt: skip
+    kv_transfer_endpoint: str = option(
+        KV + "endpoint", "prefill worker: where its KV block server binds (port 0: any free "
+        "port; the address is reported in /server_info). Bind a reachable address across hosts",
+        flag="--kv-transfer-endpoint", metavar="ENDPOINT", group=KV_TRANSFER,
+    )  # fmt: skip
+    kv_transfer_carrier: str = option(
+        KV + "carrier", "decode worker: shm (shared memory, same host), tcp, or auto (shm when "
+        "the prefill worker is on this host)", flag="--kv-transfer-carrier", choices=KV_CARRIERS,
+        group=KV_TRANSFER,
+    )  # fmt: skip
+    kv_lease_timeout_s: float = option(
+        KV + "lease_timeout_s", "prefill worker: blocks held for a decode worker at most this "
+        "long", flag="--kv-lease-timeout", metavar="S", group=KV_TRANSFER,
+    )  # fmt: skip
+    kv_transfer_timeout_s: float = option(
+        KV + "transfer_timeout_s", "decode worker: a KV load taking longer fails",
+        flag="--kv-transfer-timeout", metavar="S", group=KV_TRANSFER,
+    )  # fmt: skip
+    kv_load_failure_policy: str = option(
+        KV + "load_failure_policy", "decode worker, when a KV load fails: recompute the prompt "
+        "here, or fail the request", choices=KV_LOAD_FAILURE_POLICIES, group=KV_TRANSFER,
+        flag="--kv-load-failure-policy",
+    )  # fmt: skip
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace, **given: Any) -> EngineArgs:
+        """The arguments of a parsed command (fields without a flag there: their defaults),
+        then `given` (serve's positional model)."""
+        return cls(**{**namespace_values(cls, args), **given})
+
+    def create_engine_config(self) -> EngineConfig:
+        if self.record_traffic_max_mib < 1:
+            raise ValueError("record-traffic-max-mib: must be >= 1")
+        sections = self._settings()
+        scheduler = sections["scheduler_config"]
+        if self.long_prefill_token_threshold is None and self.kv_role == "prefill":
+            scheduler["long_prefill_token_threshold"] = PREFILL_ROLE_CHUNK
+        speculative = self.speculative or ("draft_head" if self.speculator else None)
+        spec = sections["speculative_config"] | {"method": speculative}
+        return EngineConfig(
+            model_config=ModelConfig(**sections["model_config"]),
+            cache_config=CacheConfig(**sections["cache_config"]),
+            scheduler_config=SchedulerConfig(**scheduler),
+            speculative_config=SpeculativeConfig(**spec) if speculative else None,
+            kv_transfer_config=KVTransferConfig(**sections["kv_transfer_config"]),
+            kernel_config=KernelConfig.from_env(**sections["kernel_config"]),
+            **sections[""],
+        )
+
+    def _settings(self) -> dict[str, dict[str, Any]]:
+        """EngineConfig section -> {setting: value} (in its units); a None the setting does
+        not default to is left out (its default, or the environment's, applies)."""
+        out: dict[str, dict[str, Any]] = defaultdict(dict)
+        for f, arg in cli_fields(type(self)):
+            value = arg.to_setting(getattr(self, f.name))
+            if value is None and config_default(arg.target) is not None:
+                continue
+            section, _, name = arg.target.rpartition(".")
+            out[section][name] = value
+        return out
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument(
-        "--model",
-        default=None,
-        help="GGUF file or HF folder (default: embedded SmolLM2-135M-Instruct)",
-    )
-    g.add_argument(
-        "--weights",
-        choices=list(WEIGHT_FORMATS),
-        default=None,
-        help="how weights run: native (the default: the file's GGUF blocks kept packed and "
-        "run by native kernels; float files run as float32), float32 (dequantized), "
-        "bfloat16, int8 (W8A8), or a GGUF format made at load (q8_0, q5_1, q5_0, q4_1, "
-        "q4_0; also from safetensors)",
-    )
-    g.add_argument(
-        "--quant-plan",
-        default=None,
-        metavar="FILE",
-        help="a plan from `tokenmill quant search`: scheme, per-group formats, calibration",
-    )
-    g.add_argument(
-        "--calibration",
-        default=None,
-        metavar="TEXT",
-        help="calibrate the int8 / q* schemes made at load (AWQ / SmoothQuant scales) on "
-        "'builtin' (the packaged text) or a text file",
-    )
-    g.add_argument(
-        "--outlier-channels",
-        type=int,
-        default=0,
-        metavar="N",
-        help="with --calibration: keep the N most active input channels of each layer in "
-        "float32 (the packed formats made at load)",
-    )
-    g.add_argument(
-        "--dequant-cache",
-        type=float,
-        default=2.0,
-        metavar="GIB",
-        help="native weights: float32 copies kept for batched GEMMs (prefill, many "
-        "sequences), up to GIB; decode reads the packed weights. 0: dequantize per call",
-    )
-    g.add_argument(
-        "--max-kld",
-        type=float,
-        default=None,
-        metavar="X",
-        help="measure the weights' KL divergence from float32 at load (cached) and refuse "
-        "to start above X",
-    )
-    g.add_argument(
-        "--dtype",
-        choices=["float32", "bfloat16"],
-        default="float32",
-        help="older spelling of --weights float32|bfloat16",
-    )
-    g.add_argument(
-        "--quantization", choices=["int8"], default=None, help="older spelling of --weights int8"
-    )
-    g.add_argument(
-        "--max-model-len", type=int, default=None, help="context length (default: the model's)"
-    )
-    g.add_argument(
-        "--kv-cache-memory", type=float, default=2.0, metavar="GIB", help="KV cache budget in GiB"
-    )
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    g.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step")
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
-    g.add_argument("--no-chunked-prefill", action="store_true", help="schedule whole prompts only")
-    g.add_argument(
-        "--long-prefill-token-threshold",
-        type=int,
-        default=None,
-        metavar="N",
-        help="a prompt takes at most N tokens of a step, so later prompts run beside a long "
-        f"one (0: off; default: {PREFILL_ROLE_CHUNK} on a --role prefill worker, else off)",
-    )
-    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
-    g.add_argument(
-        "--num-threads", type=int, default=None, help="torch threads (default: all cores)"
-    )
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    g.add_argument(
-        "--kv-offload-memory",
-        type=float,
-        default=0.0,
-        metavar="GIB",
-        help="host-memory tier for evicted KV blocks",
-    )
-    g.add_argument(
-        "--kv-offload-disk",
-        type=float,
-        default=0.0,
-        metavar="GIB",
-        help="disk tier for evicted KV blocks",
-    )
-    g.add_argument(
-        "--kv-offload-path",
-        default=None,
-        help="disk tier directory (default ~/.cache/tokenmill/kv)",
-    )
-    g.add_argument(
-        "--kv-events-endpoint",
-        default=None,
-        help="ZMQ PUB endpoint for KV events, e.g. tcp://*:5557",
-    )
-    g.add_argument(
-        "--kv-events-replay-endpoint", default=None, help="ZMQ ROUTER endpoint for event replay"
-    )
-    g.add_argument(
-        "--speculative",
-        choices=list(SPECULATIVE_METHODS),
-        default=None,
-        help="speculative decoding: ngram (prompt lookup: drafts copied from earlier in the "
-        "sequence, verified in one step) or draft_head (with --speculator)",
-    )
-    g.add_argument(
-        "--speculator",
-        default=None,
-        metavar="FILE",
-        help="a draft head trained for this model (`tokenmill speculator train`); implies "
-        "--speculative draft_head",
-    )
-    g.add_argument(
-        "--num-speculative-tokens", type=int, default=4, metavar="K", help="drafts per step"
-    )
-    g.add_argument(
-        "--speculative-draft-policy",
-        choices=list(DRAFT_POLICIES),
-        default="auto",
-        help="auto: drafts sized per request and step by measured step times and acceptance "
-        "(none where they would not pay); fixed: every draft the proposer finds",
-    )
-    g.add_argument(
-        "--speculative-lookup",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="with a draft head: try n-gram lookup first (free; where the sequence repeats "
-        "itself), the head where it finds nothing",
-    )
-    g.add_argument(
-        "--record-traffic",
-        default=None,
-        metavar="DIR",
-        help="write every completed request's prompt and output (text and token ids) as JSONL "
-        "to DIR, to train a draft head on (`tokenmill speculator train --traces DIR`). This "
-        "stores user data; off by default",
-    )
-    g.add_argument(
-        "--no-warm-up",
-        dest="warm_up",
-        action="store_false",
-        help="skip the short request run through the model before serving (the first "
-        "request then pays first-call costs; benchmarks/cold_start.py measures both)",
-    )
-    g.add_argument(
-        "--record-traffic-max-mib",
-        type=int,
-        default=256,
-        metavar="MIB",
-        help="stop recording once this much is written",
-    )
-    g.add_argument(
-        "--ngram-min", type=int, default=2, metavar="N", help="shortest suffix n-gram looked up"
-    )
-    g.add_argument(
-        "--ngram-max", type=int, default=5, metavar="N", help="longest suffix n-gram looked up"
-    )
+    """The engine's flags (and its kernel switches) on an engine-running command."""
+    add_arguments(p, EngineArgs, (ENGINE, KERNELS), GROUP_TITLES)
 
 
 def add_kv_transfer_args(p: argparse.ArgumentParser) -> None:
     """`serve` only: this replica's part in prefill/decode disaggregation."""
-    g = p.add_argument_group("prefill/decode disaggregation")
-    g.add_argument(
-        "--role",
-        choices=KV_ROLES,
-        default="both",
-        help="prefill: serve the KV blocks of requests the router marks do_remote_decode; "
-        "decode: load the prompt's KV from a prefill worker for requests marked "
-        "do_remote_prefill; both: neither (a plain replica)",
-    )
-    g.add_argument(
-        "--kv-transfer-endpoint",
-        default="tcp://127.0.0.1:0",
-        metavar="ENDPOINT",
-        help="prefill worker: where its KV block server binds (port 0: any free port; the "
-        "address is reported in /server_info). Bind a reachable address across hosts",
-    )
-    g.add_argument(
-        "--kv-transfer-carrier",
-        choices=KV_CARRIERS,
-        default="auto",
-        help="decode worker: shm (shared memory, same host), tcp, or auto (shm when the "
-        "prefill worker is on this host)",
-    )
-    g.add_argument(
-        "--kv-lease-timeout",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="prefill worker: blocks held for a decode worker at most this long",
-    )
-    g.add_argument(
-        "--kv-transfer-timeout",
-        type=float,
-        default=120.0,
-        metavar="S",
-        help="decode worker: a KV load taking longer fails",
-    )
-    g.add_argument(
-        "--kv-load-failure-policy",
-        choices=KV_LOAD_FAILURE_POLICIES,
-        default="recompute",
-        help="decode worker, when a KV load fails: recompute the prompt here, or fail the request",
-    )  # fmt: skip
+    add_arguments(p, EngineArgs, (KV_TRANSFER,), GROUP_TITLES)
 
 
-def kv_transfer_config(args: argparse.Namespace) -> KVTransferConfig:
-    return KVTransferConfig(
-        role=args.role,
-        endpoint=args.kv_transfer_endpoint,
-        carrier=args.kv_transfer_carrier,
-        lease_timeout_s=args.kv_lease_timeout,
-        transfer_timeout_s=args.kv_transfer_timeout,
-        load_failure_policy=args.kv_load_failure_policy,
-    )
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    return dict(
-        kv_transfer_config=kv_transfer_config(args) if hasattr(args, "role") else None,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        weights=args.weights,
-        quant_plan=args.quant_plan,
-        calibration=args.calibration,
-        outlier_channels=args.outlier_channels,
-        dequant_cache_gib=args.dequant_cache,
-        max_kld=args.max_kld,
-        max_model_len=args.max_model_len,
-        kv_cache_memory_gib=args.kv_cache_memory,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_chunked_prefill=not args.no_chunked_prefill,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        scheduling_policy=args.scheduling_policy,
-        num_threads=args.num_threads,
-        seed=args.seed,
-        enable_prefix_caching=not args.no_prefix_caching,
-        kv_offload_memory_gib=args.kv_offload_memory,
-        kv_offload_disk_gib=args.kv_offload_disk,
-        kv_offload_path=args.kv_offload_path,
-        kv_events_endpoint=args.kv_events_endpoint,
-        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
-        speculative=args.speculative,
-        num_speculative_tokens=args.num_speculative_tokens,
-        ngram_min=args.ngram_min,
-        ngram_max=args.ngram_max,
-        speculative_draft_policy=args.speculative_draft_policy,
-        speculator=args.speculator,
-        speculative_lookup=args.speculative_lookup,
-        record_traffic=args.record_traffic,
-        record_traffic_max_mib=args.record_traffic_max_mib,
-        warm_up=args.warm_up,
-    )
-
-
-def build_engine_config(
-    model: str | None = None,
-    *,
-    dtype: str = "float32",
-    quantization: str | None = None,
-    weights: str | None = None,
-    quant_plan: str | None = None,
-    calibration: str | None = None,
-    outlier_channels: int = 0,
-    dequant_cache_gib: float = 2.0,
-    max_kld: float | None = None,
-    max_model_len: int | None = None,
-    seed: int = 0,
-    block_size: int = 16,
-    kv_cache_memory_gib: float = 2.0,
-    num_kv_blocks: int | None = None,
-    max_num_seqs: int = 128,
-    max_num_batched_tokens: int = 2048,
-    enable_chunked_prefill: bool = True,
-    long_prefill_token_threshold: int | None = None,
-    scheduling_policy: str = "fcfs",
-    max_waiting_requests: int | None = None,
-    num_threads: int | None = None,
-    enable_prefix_caching: bool = True,
-    kv_offload_memory_gib: float = 0.0,
-    kv_offload_disk_gib: float = 0.0,
-    kv_offload_path: str | None = None,
-    kv_events_endpoint: str | None = None,
-    kv_events_replay_endpoint: str | None = None,
-    speculative: str | None = None,
-    num_speculative_tokens: int = 4,
-    ngram_min: int = 2,
-    ngram_max: int = 5,
-    speculative_draft_policy: str = "auto",
-    speculator: str | None = None,
-    speculative_lookup: bool = True,
-    record_traffic: str | None = None,
-    record_traffic_max_mib: int = 256,
-    warm_up: bool = True,
-    kv_transfer_config: KVTransferConfig | None = None,
-) -> EngineConfig:
-    if record_traffic_max_mib < 1:
-        raise ValueError("record-traffic-max-mib: must be >= 1")
-    if speculator is not None and speculative is None:
-        speculative = "draft_head"
-    kv_transfer_config = kv_transfer_config or KVTransferConfig()
-    if long_prefill_token_threshold is None:
-        prefill_role = kv_transfer_config.role == "prefill"
-        long_prefill_token_threshold = PREFILL_ROLE_CHUNK if prefill_role else 0
-    return EngineConfig(
-        model_config=ModelConfig(
-            model=model,
-            dtype=dtype,
-            quantization=quantization,
-            max_model_len=max_model_len,
-            seed=seed,
-            weights=weights,
-            quant_plan=quant_plan,
-            calibration=calibration,
-            outlier_channels=outlier_channels,
-            dequant_cache_bytes=int(dequant_cache_gib * GiB),
-            max_kld=max_kld,
-        ),
-        cache_config=CacheConfig(
-            block_size,
-            int(kv_cache_memory_gib * GiB),
-            num_kv_blocks,
-            enable_prefix_caching,
-            int(kv_offload_memory_gib * GiB),
-            int(kv_offload_disk_gib * GiB),
-            kv_offload_path,
-            kv_events_endpoint,
-            kv_events_replay_endpoint,
-        ),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs,
-            max_num_batched_tokens,
-            enable_chunked_prefill,
-            scheduling_policy,
-            max_waiting_requests,
-            long_prefill_token_threshold,
-        ),
-        num_threads=num_threads or default_num_threads(),
-        record_traffic_dir=record_traffic,
-        record_traffic_max_bytes=record_traffic_max_mib << 20,
-        warm_up=warm_up,
-        kv_transfer_config=kv_transfer_config,
-        speculative_config=(
-            SpeculativeConfig(
-                speculative,
-                num_speculative_tokens,
-                ngram_min,
-                ngram_max,
-                speculative_draft_policy,
-                speculator,
-                speculative_lookup,
-            )
-            if speculative
-            else None
-        ),
-    )
+def build_engine_config(model: str | None = None, **engine_args: Any) -> EngineConfig:
+    """`LLM(model, **engine_args)`'s configuration (the keywords: EngineArgs' fields)."""
+    return EngineArgs(model=model, **engine_args).create_engine_config()

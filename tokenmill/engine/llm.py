@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tokenmill.engine.arg_utils import build_engine_config
+from tokenmill.engine.arg_utils import EngineArgs
 from tokenmill.engine.processor import PromptType
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
@@ -15,10 +15,11 @@ Conversation = list[dict[str, Any]]
 
 
 class LLM:
-    """Offline batch inference. `model=None` loads the embedded SmolLM2-135M-Instruct."""
+    """Offline batch inference. `model=None` loads the embedded SmolLM2-135M-Instruct;
+    `engine_args`: EngineArgs' fields (`kv_cache_memory_gib=0.5`, `int_dot=False`, ...)."""
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
-        config = build_engine_config(model, **engine_args)
+        config = EngineArgs(model=model, **engine_args).create_engine_config()
         prefetch = None
         if "torch" not in sys.modules:  # native weights prepared while torch is imported
             from tokenmill.model.prefetch import start_prefetch

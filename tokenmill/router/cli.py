@@ -277,7 +277,9 @@ def engine_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, a.dest)
         if a.dest in _CLUSTER_OWNED or value == a.default or not a.option_strings:
             continue
-        if a.nargs == 0:
+        if isinstance(a, argparse.BooleanOptionalAction):  # --thing / --no-thing
+            out.append(a.option_strings[0 if value else 1])
+        elif a.nargs == 0:
             out.append(a.option_strings[0])
         else:
             out += [a.option_strings[0], str(value)]

@@ -11,7 +11,7 @@ import threading
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from tokenmill.engine.arg_utils import add_kv_transfer_args, build_engine_config, engine_kwargs
+from tokenmill.engine.arg_utils import EngineArgs, add_kv_transfer_args
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.platform import run_at_low_priority
 from tokenmill.server.batch.config import add_batch_args, batch_config
@@ -66,7 +66,9 @@ def add_serve_parser(sub, add_engine_args) -> None:
     p.add_argument(
         "--max-queue-len", type=int, default=256, help="sequences allowed to wait; beyond: 503"
     )
-    p.add_argument("--max-request-body", type=int, default=4 * 1024 * 1024, metavar="BYTES")
+    p.add_argument(
+        "--max-request-body", type=int, default=ServerSettings.max_body_bytes, metavar="BYTES"
+    )
     p.add_argument(
         "--default-max-tokens",
         type=int,
@@ -117,7 +119,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
 def cmd_serve(args: argparse.Namespace) -> int:
     profile = getattr(args, "startup_profile", None) or StartupProfile("api")
     model = args.model_path or args.model
-    config = build_engine_config(model, **engine_kwargs(args))
+    config = EngineArgs.from_cli_args(args, model=model).create_engine_config()
     settings = server_settings(args)
     profile.mark("arguments")
     # The engine core loads the model while this process imports the server and reads the

@@ -11,9 +11,9 @@ import asyncio
 import logging
 from typing import Any
 
-from tokenmill.server.settings import DEFAULT_MAX_TOKENS
+from tokenmill.server.settings import DEFAULT_MAX_TOKENS, ServerSettings
 
-MAX_LINE_BYTES = 4 * 1024 * 1024  # as serve's --max-request-body
+MAX_LINE_BYTES = ServerSettings.max_body_bytes  # as serve's --max-request-body
 
 
 def add_batch_parser(sub: Any, add_engine_args: Any) -> None:
@@ -42,7 +42,7 @@ def add_batch_parser(sub: Any, add_engine_args: Any) -> None:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    from tokenmill.engine.arg_utils import build_engine_config, engine_kwargs
+    from tokenmill.engine.arg_utils import EngineArgs
     from tokenmill.server.batch.lines import validate_file
     from tokenmill.server.errors import APIError
 
@@ -54,7 +54,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         summary = validate_file(args.input, MAX_LINE_BYTES, max_lines=1 << 62)
     except APIError as e:
         raise ValueError(f"{args.input}: {e.message}") from None
-    config = build_engine_config(args.model, **engine_kwargs(args))
+    config = EngineArgs.from_cli_args(args).create_engine_config()
     failed = asyncio.run(_run(args, config, summary.lines))
     return 1 if failed == summary.lines else 0
 

@@ -47,7 +47,7 @@ def add_response_store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--response-store-ttl",
         type=float,
-        default=30 * DAY_S,
+        default=ResponseStoreConfig.ttl_s,
         metavar="SECONDS",
         help="stored responses expire after this long (default: 30 days)",
     )
