@@ -51,6 +51,10 @@ def test_random_workload_report(server, tmp_path):
     assert doc["meta"]["workloads"][0]["prompts"] == "random-token-ids"
     (run,) = doc["runs"]
     assert run["load"]["label"] == "c=4" and run["target"] == server.base_url.split("//")[1]
+    # the kernel switches the server ran with (/server_info), its row limit resolved
+    kernels = run["kernels"]
+    assert kernels["int_dot"] is True and kernels["int_dot_max_rows"] is not None
+    assert {"greedy_argmax", "fused_decode", "prefetch", "native_kernels"} <= set(kernels)
     s = run["summary"]
     assert (s["num_requests"], s["completed"], s["failed"]) == (8, 8, 0)
     assert s["total_output_tokens"] == 8 * 16  # ignore_eos + min_tokens

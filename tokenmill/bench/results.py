@@ -19,6 +19,8 @@ class RunResult:
     stage: str = ""  # sweep stage (synchronous, throughput, rate) or ""
     background_cpu: float | None = None  # cores used by other processes during the run
     attempt: int = 0  # > 0: rerun with fresh prompts after a busy attempt
+    # the target's kernel switches in force (a tokenmill server's /server_info; None: a peer)
+    kernels: dict | None = None
 
     @property
     def label(self) -> str:

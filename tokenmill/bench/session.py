@@ -14,6 +14,7 @@ from tokenmill.bench.peers import ManagedServer, ServerSpec
 from tokenmill.bench.plan import Plan
 from tokenmill.bench.prompts import prompt_maker
 from tokenmill.bench.results import RunResult
+from tokenmill.bench.server_facts import server_kernels
 from tokenmill.bench.sweep import run_sweep
 from tokenmill.bench.workloads import Workload, build_workload
 from tokenmill.ports import PortPool
@@ -93,6 +94,9 @@ async def run_session(
                     console.print(
                         f"workload: {workloads[0].description} ({workloads[0].prompt_kind} prompts)"
                     )
+                async with http_client() as client:
+                    kernels = await server_kernels(client, target)
+                done = len(results)
                 if plan.sweep is not None:
                     async with http_client() as client:
                         results += await run_sweep(
@@ -105,6 +109,7 @@ async def run_session(
                         target, list(zip(workloads, plan.loads, strict=True)), options, console,
                         rebuild=rebuilder(plan, target.base_url, prompt_source, options.seed),
                     )  # fmt: skip
+                results[done:] = [replace(r, kernels=kernels) for r in results[done:]]
         except RuntimeError as e:  # a peer that doesn't start is skipped, not fatal
             note = f"{source.target.name}: {str(e).splitlines()[0]}"
             console.print(f"[red]skipped {note}")

@@ -38,6 +38,7 @@ def results_document(
                     "load": {**asdict(r.load), "label": r.load.label},
                     "background_cpu_cores": getattr(r, "background_cpu", None),
                     "attempt": getattr(r, "attempt", 0),
+                    "kernels": getattr(r, "kernels", None),
                     "summary": asdict(r.summary),
                 }
                 for r in results
