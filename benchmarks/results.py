@@ -4,8 +4,9 @@ A script adds the options with `add_arguments(parser)` and, once it has its fina
 either passes it as markdown to `write(name, text, args)` or prints it inside
 `with capture(name, args):` (what is printed there is kept as text). A plain run then leaves
 `benchmarks/results/<date>-<name>-<cpu>.md`: the date, the machine (CPU model, the flags
-that matter to the kernels, cores, memory, L3), the code (tokenmill version and commit), the
-exact command line and the table, ready to commit. `--results-dir DIR` writes it elsewhere,
+that matter to the kernels, cores, memory, L3), the kernel switches the run's engines get
+(their TOKENMILL_* variables), the code (tokenmill version and commit), the exact command
+line and the table, ready to commit. `--results-dir DIR` writes it elsewhere,
 `--no-results` not at all.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import io
 import os
@@ -79,6 +81,20 @@ def l3_cache() -> str | None:
     return None
 
 
+def kernel_switches() -> dict[str, Any]:
+    """The kernel switches an engine this run starts gets where the script sets none
+    (EngineConfig.kernel_config from the TOKENMILL_* variables, tokenmill/envs.py)."""
+    from tokenmill.config import KernelConfig
+
+    return dataclasses.asdict(KernelConfig.from_env())
+
+
+def _switches(kernels: dict[str, Any]) -> str:
+    word = {True: "on", False: "off", None: "measured"}  # None: the row limit
+    return ", ".join(f"{k} {word[v] if v is None or isinstance(v, bool) else v}"
+                     for k, v in kernels.items())  # fmt: skip
+
+
 def machine_facts() -> dict[str, Any]:
     try:
         from importlib.metadata import version
@@ -99,6 +115,7 @@ def machine_facts() -> dict[str, Any]:
         "tokenmill": tm_version,
         "commit": git_commit(),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "kernels": kernel_switches(),
     }
 
 
@@ -148,6 +165,8 @@ def render(
         ("CPU flags", ", ".join(facts.get("cpu_flags") or []) or "none of the kernels' flags"),
         ("software", software),
     ]
+    if facts.get("kernels"):
+        rows.insert(3, ("kernel switches", _switches(facts["kernels"])))
     if load:
         rows.append(("load average at the end", " / ".join(f"{x:.2f}" for x in load)))
     lines = [f"# {title or name}", ""]

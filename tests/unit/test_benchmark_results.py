@@ -95,6 +95,18 @@ def test_capture_writes_nothing_when_the_run_fails(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_kernel_switches_a_run_gets_are_in_its_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENMILL_INT_DOT", "0")
+    monkeypatch.delenv("TOKENMILL_INT_DOT_MAX_ROWS", raising=False)
+    kernels = results.machine_facts()["kernels"]
+    assert kernels["int_dot"] is False and kernels["int_dot_max_rows"] is None
+    args = parse(["--results-dir", str(tmp_path)])
+    path = results.write(
+        "throughput", "t", args, argv=["x.py"], when=WHEN, facts={**FACTS, "kernels": kernels}
+    )
+    assert "- **kernel switches**: int_dot off, int_dot_max_rows measured," in path.read_text()
+
+
 def test_machine_facts_come_from_this_machine():
     facts = results.machine_facts()
     assert facts["cpu"] and facts["cores"] >= 1
