@@ -56,6 +56,36 @@ class RouterMetrics:
             p + "prompt_tokens_total", "prompt tokens the replicas reported", ["replica"],
             registry=r,
         )  # fmt: skip
+        self._event_metrics(r, p)
+        self.decision_seconds = Histogram(
+            p + "decision_seconds", "tokenize + hash + score + book", buckets=_SECONDS, registry=r
+        )
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds", "router-side TTFT of streamed requests",
+            buckets=_TTFT, registry=r,
+        )  # fmt: skip
+        self.healthy = Gauge(p + "replica_healthy", "1 when healthy", ["replica"], registry=r)
+        self.in_flight = Gauge(p + "in_flight", "requests in flight", ["replica"], registry=r)
+        self.queued = Gauge(p + "queued", "requests waiting in the router's queue", registry=r)
+        self.pending_prefill = Gauge(
+            p + "pending_prefill_blocks", "booked prefill blocks", ["replica"], registry=r
+        )
+        self.index_blocks = Gauge(
+            p + "index_blocks", "blocks the index holds for a replica", ["replica", "medium"],
+            registry=r,
+        )  # fmt: skip
+        self.events_synced = Gauge(
+            p + "kv_events_synced", "1 when the event index is complete, 0 when partial/none",
+            ["replica"], registry=r,
+        )  # fmt: skip
+        self._transfer_metrics(r, p)
+        self.recent_ttft = RecentValues()  # exact, for the dashboard's percentiles
+        self._collect: Callable[[RouterMetrics], None] | None = None
+        # the stream-side counters the subscribers keep, last seen
+        self._seen: dict[tuple[str, str], int] = {}
+
+    def _event_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """The replicas' KV event streams and their health."""
         self.event_batches = Counter(
             p + "kv_event_batches_total", "KV event batches applied", ["replica"], registry=r
         )
@@ -80,27 +110,9 @@ class RouterMetrics:
             p + "replica_health_changes_total", "replica health transitions", ["replica", "to"],
             registry=r,
         )  # fmt: skip
-        self.decision_seconds = Histogram(
-            p + "decision_seconds", "tokenize + hash + score + book", buckets=_SECONDS, registry=r
-        )
-        self.ttft = Histogram(
-            p + "time_to_first_token_seconds", "router-side TTFT of streamed requests",
-            buckets=_TTFT, registry=r,
-        )  # fmt: skip
-        self.healthy = Gauge(p + "replica_healthy", "1 when healthy", ["replica"], registry=r)
-        self.in_flight = Gauge(p + "in_flight", "requests in flight", ["replica"], registry=r)
-        self.queued = Gauge(p + "queued", "requests waiting in the router's queue", registry=r)
-        self.pending_prefill = Gauge(
-            p + "pending_prefill_blocks", "booked prefill blocks", ["replica"], registry=r
-        )
-        self.index_blocks = Gauge(
-            p + "index_blocks", "blocks the index holds for a replica", ["replica", "medium"],
-            registry=r,
-        )  # fmt: skip
-        self.events_synced = Gauge(
-            p + "kv_events_synced", "1 when the event index is complete, 0 when partial/none",
-            ["replica"], registry=r,
-        )  # fmt: skip
+
+    def _transfer_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """Prefill/decode disaggregation: the router's decisions, the workers' transfers."""
         self.kv_transfer_decisions = Counter(
             p + "kv_transfer_decisions_total",
             "prefill/decode disaggregation decisions: remote prefill or local, by reason",
@@ -125,10 +137,6 @@ class RouterMetrics:
             key: Counter(p + f"kv_transfer_{key}_total", text, ["replica"], registry=r)
             for key, text in worker.items()
         }
-        self.recent_ttft = RecentValues()  # exact, for the dashboard's percentiles
-        self._collect: Callable[[RouterMetrics], None] | None = None
-        # the stream-side counters the subscribers keep, last seen
-        self._seen: dict[tuple[str, str], int] = {}
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttft.observe(seconds)

@@ -69,6 +69,28 @@ class ServerMetrics:
         self.kv_transfer: KVTransferMetrics | None = None  # created by a worker's first stats
         labels = ["model_name"]
         r = self.registry
+        self._request_metrics(r, labels)
+        self._spec_metrics(r, labels)
+        self._tier_metrics(r, labels)
+        self.weights_kld = Gauge(
+            "tokenmill:weights_kld",
+            "Mean KL divergence of the served weights from float32 (measured at load by "
+            "--max-kld on the built-in text)",
+            [*labels, "plan"],
+            registry=r,
+        )
+        self.model = model_name
+        self._last = SchedulerStats()
+        # Expose every model-level series from the start (zero until something happens).
+        for metric in (
+            self.running, self.waiting, self.kv_usage, self.preemptions, self.prefix_queries, self.prefix_hits,
+            self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e, self.queue_time,
+            self.repetition_cutoffs,
+        ):  # fmt: skip
+            metric.labels(model_name)
+
+    def _request_metrics(self, r: CollectorRegistry, labels: list[str]) -> None:
+        """Requests, tokens and latencies (vLLM's names)."""
         self.running = Gauge(
             "tokenmill:num_requests_running", "Sequences running in the engine", labels, registry=r
         )
@@ -145,7 +167,9 @@ class ServerMetrics:
             labels,
             registry=r,
         )
-        # speculative decoding (vLLM's spec_decode_* names)
+
+    def _spec_metrics(self, r: CollectorRegistry, labels: list[str]) -> None:
+        """Speculative decoding (vLLM's spec_decode_* names)."""
         self.spec_drafts = Counter(
             "tokenmill:spec_decode_num_drafts",
             "Verification steps of a request with drafted tokens",
@@ -188,6 +212,9 @@ class ServerMetrics:
             buckets=list(range(1, MAX_SPEC_ROWS + 1)),
             registry=r,
         )
+
+    def _tier_metrics(self, r: CollectorRegistry, labels: list[str]) -> None:
+        """KV tiers and where prefix hits came from."""
         tier = [*labels, "medium"]
         self.tier_hits = Counter(
             "tokenmill:kv_tier_hits", "Blocks loaded back from a lower KV tier", tier, registry=r
@@ -228,22 +255,6 @@ class ServerMetrics:
             tier,
             registry=r,
         )
-        self.weights_kld = Gauge(
-            "tokenmill:weights_kld",
-            "Mean KL divergence of the served weights from float32 (measured at load by "
-            "--max-kld on the built-in text)",
-            [*labels, "plan"],
-            registry=r,
-        )
-        self.model = model_name
-        self._last = SchedulerStats()
-        # Expose every model-level series from the start (zero until something happens).
-        for metric in (
-            self.running, self.waiting, self.kv_usage, self.preemptions, self.prefix_queries, self.prefix_hits,
-            self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e, self.queue_time,
-            self.repetition_cutoffs,
-        ):  # fmt: skip
-            metric.labels(model_name)
 
     def set_weights_kld(self, report: dict | None) -> None:
         if report:
