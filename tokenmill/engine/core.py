@@ -93,41 +93,9 @@ class EngineCore:
         torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.model_config.seed)
         t0 = time.monotonic()
-        plan = config.model_config.plan
-        files = model_files
-        if files is None:
-            files = load_for_plan(config.model_config.model, plan, prefetch)
-            profile.mark("read weights")
-        if plan.method == "native":
-            ops.load_kernels()  # built once per machine, then loaded from the cache
-            profile.mark("native kernels")
-        self.model_name = files.name
-        self.tokenizer = files.tokenizer
+        files = self._build_model(model_files, prefetch)
         arch = files.arch
         model_len = config.model_config.max_model_len or arch.max_position_embeddings
-        self.model = LlamaForCausalLM(
-            arch,
-            files.weights,
-            max_positions=model_len,
-            method=get_linear_method(
-                plan.method, config.model_config.dequant_cache_bytes, prefetch, config.kernel_config
-            ),
-            rope_freq_factors=files.rope_freq_factors,
-        )
-        files.weights.clear()
-        profile.mark("build model")
-        self.kernel_config = self._kernels_in_force(config.kernel_config)
-        if prefetch is not None:
-            prefetch.close()
-            profile.background.update({f"prefetch {k}": v for k, v in prefetch.seconds.items()})
-            logger.debug(
-                "start-up prefetch: %d of %d prepared results used",
-                prefetch.used,
-                prefetch.prepared,
-            )
-        self.weights_kld = self._check_weights_kld(files)
-        if self.weights_kld is not None:
-            profile.mark("weights KLD check")
         cache = config.cache_config
         kv_dtype = torch.float32
         num_blocks = cache.num_blocks_override or max(
@@ -162,17 +130,7 @@ class EngineCore:
         )
         self.drafter = self._build_drafter(config.speculative_config)
         self.runner.keep_features = self.drafter is not None and self.drafter.needs_features
-        self.recorder: TrafficRecorder | None = None
-        if config.record_traffic_dir is not None:
-            tok = self.tokenizer
-            self.recorder = TrafficRecorder(
-                config.record_traffic_dir,
-                config.record_traffic_max_bytes,
-                lambda ids: tok.decode(ids, skip_special_tokens=False),
-            )
-            logger.warning(
-                "recording traffic (prompts and outputs) to %s", config.record_traffic_dir
-            )
+        self.recorder = self._traffic_recorder()
         self.scheduler = Scheduler(
             config.scheduler_config,
             self.kv_manager,
@@ -202,6 +160,61 @@ class EngineCore:
             cache.block_size,
             self.max_model_len,
             time.monotonic() - t0,
+        )
+
+    def _build_model(
+        self, model_files: ModelFiles | None, prefetch: WeightPrefetch | None
+    ) -> ModelFiles:
+        """Reads the weights (unless given), builds the model, settles the kernels in
+        force and checks the weights' KLD (--max-kld); the model's files."""
+        config, profile = self.config, self.profile
+        plan = config.model_config.plan
+        files = model_files
+        if files is None:
+            files = load_for_plan(config.model_config.model, plan, prefetch)
+            profile.mark("read weights")
+        if plan.method == "native":
+            ops.load_kernels()  # built once per machine, then loaded from the cache
+            profile.mark("native kernels")
+        self.model_name = files.name
+        self.tokenizer = files.tokenizer
+        arch = files.arch
+        self.model = LlamaForCausalLM(
+            arch,
+            files.weights,
+            max_positions=config.model_config.max_model_len or arch.max_position_embeddings,
+            method=get_linear_method(
+                plan.method, config.model_config.dequant_cache_bytes, prefetch, config.kernel_config
+            ),
+            rope_freq_factors=files.rope_freq_factors,
+        )
+        files.weights.clear()
+        profile.mark("build model")
+        self.kernel_config = self._kernels_in_force(config.kernel_config)
+        if prefetch is not None:
+            prefetch.close()
+            profile.background.update({f"prefetch {k}": v for k, v in prefetch.seconds.items()})
+            logger.debug(
+                "start-up prefetch: %d of %d prepared results used",
+                prefetch.used,
+                prefetch.prepared,
+            )
+        self.weights_kld = self._check_weights_kld(files)
+        if self.weights_kld is not None:
+            profile.mark("weights KLD check")
+        return files
+
+    def _traffic_recorder(self) -> TrafficRecorder | None:
+        """--record-traffic: finished requests written as JSONL (user data: opt-in)."""
+        config = self.config
+        if config.record_traffic_dir is None:
+            return None
+        tok = self.tokenizer
+        logger.warning("recording traffic (prompts and outputs) to %s", config.record_traffic_dir)
+        return TrafficRecorder(
+            config.record_traffic_dir,
+            config.record_traffic_max_bytes,
+            lambda ids: tok.decode(ids, skip_special_tokens=False),
         )
 
     def _build_drafter(self, spec: SpeculativeConfig | None) -> Drafter | None:

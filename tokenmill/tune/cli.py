@@ -64,8 +64,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tokenmill.tune.frontier import pick
     from tokenmill.tune.report import TuneOutcome, write_report
     from tokenmill.tune.runner import TrialRunner
-    from tokenmill.tune.search import next_config
-    from tokenmill.tune.space import SearchSpace, config_argv, config_key, launch_command
+    from tokenmill.tune.space import SearchSpace, config_argv, launch_command
     from tokenmill.tune.trials import TrialStore
 
     console = OutputConsole(width=None if sys.stdout.isatty() else 160)
@@ -99,53 +98,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         tuple(shlex.split(args.serve_args)), args.port_range,
     )  # fmt: skip
 
-    def measure(config: dict, attempt: int = 1) -> None:
-        trial = runner.run(config, attempt)
-        store.add(trial)
-        console.print(
-            f"trial {len(store.trials)}: {' '.join(config_argv(config)) or '(defaults)'} -> "
-            f"{trial.total:.1f} tok/s total, {trial.per_user:.1f} per user, SLO attainment "
-            f"{trial.slo_attainment}, background {trial.background_cores}"
-        )
-
-    started = time.monotonic()
-    spent: list[float] = []
-
-    def time_left() -> bool:
-        elapsed = (time.monotonic() - started) / 60
-        expected = sum(spent) / len(spent) / 60 if spent else 0.0
-        within = args.max_trials is None or len(store.measured()) < args.max_trials
-        return within and elapsed + expected <= args.budget_minutes
-
-    defaults_key = config_key(DEFAULTS)
-    while time_left():
-        done = store.measured()
-        config = DEFAULTS if defaults_key not in done else next_config(
-            space, {k: t for k, t in done.items() if k != defaults_key}, args.slo_attainment
-        )  # fmt: skip
-        if config is None:
-            break
-        t0 = time.monotonic()
-        measure(config)
-        spent.append(time.monotonic() - t0)
+    session = _Session(args, store, runner, console)
+    session.search(space)
+    session.settle()
     trials = store.measured()
     chosen = pick([t.point() for t in trials.values()], args.slo_attainment)
-    # the chosen point runs again for its spread; if its median moves another point ahead,
-    # that one runs again too (bounded), so a resumed tune ends where this one does
-    for _ in range(len(trials) * args.repeat_chosen):
-        runs = len(store.attempts()[chosen.key]) if chosen is not None else 0
-        if chosen is None or runs >= 1 + args.repeat_chosen:
-            break
-        measure(trials[chosen.key].config, attempt=runs + 1)
-        trials = store.measured()
-        chosen = pick([t.point() for t in trials.values()], args.slo_attainment)
-    # the defaults run as often as the chosen point: the gain compares medians
-    for i in range(len(store.attempts().get(defaults_key, [])), 1 + args.repeat_chosen):
-        if chosen is None or chosen.key == defaults_key:
-            break
-        measure(DEFAULTS, attempt=i + 1)
-    trials = store.measured()
-    chosen = pick([t.point() for t in trials.values()], args.slo_attainment)
+    defaults_key = session.defaults_key
     config_path = None
     if chosen is not None:
         config_path = out / "best.yaml"
@@ -173,6 +131,74 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"chosen configuration: {config_path} (tokenmill {command} --config {config_path})"
     )
     return 0
+
+
+class _Session:
+    """The trials of one tune: the search within the time budget, then the chosen point
+    and the defaults run again for their spread."""
+
+    def __init__(self, args: argparse.Namespace, store, runner, console) -> None:
+        from tokenmill.tune.space import config_key
+
+        self.args, self.store, self.runner, self.console = args, store, runner, console
+        self.started = time.monotonic()
+        self.spent: list[float] = []
+        self.defaults_key = config_key(DEFAULTS)
+
+    def measure(self, config: dict, attempt: int = 1) -> None:
+        from tokenmill.tune.space import config_argv
+
+        trial = self.runner.run(config, attempt)
+        self.store.add(trial)
+        self.console.print(
+            f"trial {len(self.store.trials)}: {' '.join(config_argv(config)) or '(defaults)'} "
+            f"-> {trial.total:.1f} tok/s total, {trial.per_user:.1f} per user, SLO attainment "
+            f"{trial.slo_attainment}, background {trial.background_cores}"
+        )
+
+    def time_left(self) -> bool:
+        args = self.args
+        elapsed = (time.monotonic() - self.started) / 60
+        expected = sum(self.spent) / len(self.spent) / 60 if self.spent else 0.0
+        within = args.max_trials is None or len(self.store.measured()) < args.max_trials
+        return within and elapsed + expected <= args.budget_minutes
+
+    def search(self, space) -> None:
+        """The defaults first, then the search's next point, while the budget lasts."""
+        from tokenmill.tune.search import next_config
+
+        while self.time_left():
+            done = self.store.measured()
+            config = DEFAULTS if self.defaults_key not in done else next_config(
+                space, {k: t for k, t in done.items() if k != self.defaults_key},
+                self.args.slo_attainment,
+            )  # fmt: skip
+            if config is None:
+                break
+            t0 = time.monotonic()
+            self.measure(config)
+            self.spent.append(time.monotonic() - t0)
+
+    def settle(self) -> None:
+        """The chosen point runs again for its spread; if its median moves another point
+        ahead, that one runs again too (bounded), so a resumed tune ends where this one does.
+        The defaults run as often as the chosen point: the gain compares medians."""
+        from tokenmill.tune.frontier import pick
+
+        store, attainment, repeat = self.store, self.args.slo_attainment, self.args.repeat_chosen
+        trials = store.measured()
+        chosen = pick([t.point() for t in trials.values()], attainment)
+        for _ in range(len(trials) * repeat):
+            runs = len(store.attempts()[chosen.key]) if chosen is not None else 0
+            if chosen is None or runs >= 1 + repeat:
+                break
+            self.measure(trials[chosen.key].config, attempt=runs + 1)
+            trials = store.measured()
+            chosen = pick([t.point() for t in trials.values()], attainment)
+        for i in range(len(store.attempts().get(self.defaults_key, [])), 1 + repeat):
+            if chosen is None or chosen.key == self.defaults_key:
+                break
+            self.measure(DEFAULTS, attempt=i + 1)
 
 
 def write_config(path: Path, serve_argv: list[str], command: str = "serve") -> None:
