@@ -1,8 +1,9 @@
-"""Request-driven CPU work (large bodies' parsing, tokenization, chat templates) off the
-event loop, on a pool of two threads. Threads still share the GIL with the loop, and
-C code (json, pydantic) holds it for its whole call: with many such threads the loop waits
-for each in turn, with two it gets the GIL back within one call. Two, not one, so a single
-huge prompt does not hold up everyone else's tokenization."""
+"""Request-driven CPU work (tokenization, chat templates; large bodies while the parse
+process starts) off the event loop, on a pool of two threads. Threads still share the GIL
+with the loop, and C code holds it for its whole call: with many such threads the loop
+waits for each in turn, with two it gets the GIL back within one call. Two, not one, so a
+single huge prompt does not hold up everyone else's tokenization. They run at the normal
+priority: threads they start (a tokenizer's own pool) would inherit a lower one."""
 
 from __future__ import annotations
 
@@ -13,14 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from tokenmill.platform import lower_thread_priority
-
 T = TypeVar("T")
-# below the event loop's thread and the engine core in the OS scheduler: on a machine whose
-# cores the engine core and the loop already use, request parsing waits, not the streams
-_POOL = ThreadPoolExecutor(
-    max_workers=2, thread_name_prefix="tokenmill-cpu", initializer=lower_thread_priority
-)
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenmill-cpu")
 
 
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
