@@ -1,16 +1,18 @@
 """The router's cluster control: `GET /cluster` (workers, their state and nodes) and
 `POST /cluster/scale` (what `tokenmill cluster scale` calls), behind the router's key;
-with a gateway in front, scaling takes its admin key (client keys only read)."""
+with a gateway in front, scaling takes its admin key (client keys only read). The router's
+app includes `router` and puts its ClusterManager in app.state.cluster."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 
 from tokenmill.cluster.manager import ClusterManager
 from tokenmill.server.errors import APIError
 
+router = APIRouter()
 SCALE_FIELDS = {"replicas": "both", "prefill": "prefill", "decode": "decode"}
 
 
@@ -28,30 +30,36 @@ def scale_targets(body: Any) -> dict[str, int]:
     return out
 
 
-def add_cluster_routes(app: FastAPI, manager: ClusterManager) -> None:
-    @app.get("/cluster")
-    async def cluster_info():
-        return {"launcher": manager.launcher.name, "workers": manager.describe()}
+def _manager(request: Request) -> ClusterManager:
+    return request.app.state.cluster
 
-    @app.post("/cluster/scale")
-    async def cluster_scale(request: Request):
-        gateway = getattr(request.app.state, "gateway", None)
-        if gateway is not None:
-            from tokenmill.gateway.admin import is_admin
 
-            if not is_admin(gateway, request.headers.get("authorization", "").encode("latin-1")):
-                raise APIError(403, "scaling needs the gateway's admin key", code="admin_only")
+@router.get("/cluster")
+async def cluster_info(request: Request):
+    manager = _manager(request)
+    return {"launcher": manager.launcher.name, "workers": manager.describe()}
+
+
+@router.post("/cluster/scale")
+async def cluster_scale(request: Request):
+    manager = _manager(request)
+    gateway = getattr(request.app.state, "gateway", None)
+    if gateway is not None:
+        from tokenmill.gateway.admin import is_admin
+
+        if not is_admin(gateway, request.headers.get("authorization", "").encode("latin-1")):
+            raise APIError(403, "scaling needs the gateway's admin key", code="admin_only")
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    targets = scale_targets(body)
+    results = []
+    for role, n in targets.items():
         try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        targets = scale_targets(body)
-        results = []
-        for role, n in targets.items():
-            try:
-                results.append(await manager.scale(role, n))
-            except ValueError as e:
-                raise APIError(400, str(e), param="body") from None
-            except RuntimeError as e:
-                raise APIError(500, str(e), "server_error", code="scale_failed") from None
-        return {"scaled": results, "workers": manager.describe()}
+            results.append(await manager.scale(role, n))
+        except ValueError as e:
+            raise APIError(400, str(e), param="body") from None
+        except RuntimeError as e:
+            raise APIError(500, str(e), "server_error", code="scale_failed") from None
+    return {"scaled": results, "workers": manager.describe()}

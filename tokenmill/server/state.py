@@ -82,6 +82,11 @@ class ServerState:
             raise engine_dead(self.engine.dead_reason)
 
 
+def server_state(request: Request) -> ServerState:
+    """The state of the app serving `request` (build_app puts it in app.state.tm)."""
+    return request.app.state.tm
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
