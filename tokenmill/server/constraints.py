@@ -1,12 +1,11 @@
 """Request fields -> output constraints: response_format, structured_outputs / guided_*,
-forced tool calls, loop cut-off. Every problem is a 400 that names the field."""
+forced tool calls. Every problem is a 400 that names the field."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tokenmill.sampling_params import RepetitionDetection
 from tokenmill.server.errors import bad_request
 from tokenmill.server.json_body import parse_json
 from tokenmill.server.protocol import ChatCompletionRequest, SamplingFields
@@ -116,10 +115,3 @@ async def build_constraint(
     except GrammarError as e:
         raise bad_request(f"{param}: {e}", param) from e
     return spec
-
-
-def repetition_setting(req: SamplingFields) -> RepetitionDetection | bool | None:
-    value = req.repetition_detection
-    if value is None or isinstance(value, bool):
-        return value
-    return RepetitionDetection(value.max_period, value.min_repeats, value.min_span)

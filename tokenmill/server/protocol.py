@@ -7,7 +7,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tokenmill.sampling_params import RepetitionDetection, RequestOutputKind, SamplingParams
+from tokenmill.server.errors import bad_request
 from tokenmill.server.unsupported import one_of, unsupported
+from tokenmill.structured.spec import StructuredOutputsParams
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
@@ -111,6 +114,31 @@ class RepetitionDetectionRequest(APIModel):
     min_span: int = Field(48, ge=2, le=100000)
 
 
+def resolve_max_tokens(
+    requested: int | None, prompt_len: int, max_model_len: int, param: str, default: int
+) -> int:
+    """Max tokens for this request (`default`, or what still fits, when not given); 400
+    context_length_exceeded when prompt + max_tokens overflow."""
+    if prompt_len >= max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt is "
+            f"{prompt_len} tokens, leaving no room for the completion.",
+            param="messages" if param != "max_tokens" else "prompt",
+            code="context_length_exceeded",
+        )
+    if requested is None:
+        return min(default, max_model_len - prompt_len)
+    if prompt_len + requested > max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the completion). "
+            "Please reduce the prompt or the completion length.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    return requested
+
+
 class ChatMessage(APIModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
@@ -166,6 +194,33 @@ class SamplingKnobs(APIModel):
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
     repetition_detection: bool | RepetitionDetectionRequest | None = None
 
+    def _sampling_params(self, max_tokens: int, stream: bool, **fields: Any) -> SamplingParams:
+        """SamplingParams of these knobs and the endpoint's own `fields` (n, temperature,
+        logprobs, the output constraint, ...); ValueError names a field the engine refuses."""
+        detection = self.repetition_detection
+        if isinstance(detection, RepetitionDetectionRequest):
+            detection = RepetitionDetection(
+                detection.max_period, detection.min_repeats, detection.min_span
+            )
+        return SamplingParams(
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            stop=self.stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            ignore_eos=self.ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=min(self.min_tokens, max_tokens),
+            skip_special_tokens=self.skip_special_tokens,
+            repetition_detection=detection,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+            **fields,
+        )
+
 
 class SamplingFields(SamplingKnobs):
     """Fields shared by /v1/completions and /v1/chat/completions."""
@@ -199,6 +254,25 @@ class SamplingFields(SamplingKnobs):
     return_tokens_as_token_ids: unsupported("token ids in place of logprobs' tokens") = None
     logits_processors: unsupported("custom logits processors") = None
     guided_whitespace_pattern: unsupported("a JSON whitespace pattern") = None
+
+    def _choice_params(
+        self,
+        max_tokens: int,
+        logprobs: int | None,
+        structured_outputs: StructuredOutputsParams | None,
+        **fields: Any,
+    ) -> SamplingParams:
+        return self._sampling_params(
+            max_tokens,
+            self.stream,
+            n=self.n,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
+            logprobs=logprobs,
+            structured_outputs=structured_outputs,
+            **fields,
+        )
 
     @field_validator("logit_bias")
     @classmethod
@@ -246,6 +320,30 @@ class ChatCompletionRequest(SamplingFields):
         "special tokens on top of the chat template's (it places its own)"
     ) = None
 
+    def to_sampling_params(
+        self,
+        prompt_len: int,
+        max_model_len: int,
+        default_max_tokens: int,
+        structured_outputs: StructuredOutputsParams | None = None,
+    ) -> SamplingParams:
+        """The whole SamplingParams of this request: max tokens resolved against the
+        context (`default_max_tokens`, or what fits, when not given), top logprobs, the
+        output constraint (compiled and checked by the caller), loop cut-off. 400s name the
+        field; ValueError: a value the engine refuses ("field: reason")."""
+        given = self.max_completion_tokens is not None
+        max_tokens = resolve_max_tokens(
+            self.max_completion_tokens if given else self.max_tokens,
+            prompt_len,
+            max_model_len,
+            "max_completion_tokens" if given else "max_tokens",
+            default_max_tokens,
+        )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs: requires logprobs to be true", param="top_logprobs")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._choice_params(max_tokens, logprobs, structured_outputs)
+
 
 class CompletionRequest(SamplingFields):
     # emptiness (no prompt, an empty prompt) is checked with the tokenizer: a 400 naming it
@@ -264,6 +362,24 @@ class CompletionRequest(SamplingFields):
     add_special_tokens: unsupported(
         "prompts without the tokenizer's special tokens", lambda v: v in (None, True)
     ) = None
+
+    def to_sampling_params(
+        self,
+        prompt_len: int,
+        max_model_len: int,
+        default_max_tokens: int,
+        structured_outputs: StructuredOutputsParams | None = None,
+    ) -> SamplingParams:
+        """The whole SamplingParams of one of the request's prompts: max tokens resolved
+        against the context, logprobs (of the prompt too when it is echoed), the output
+        constraint (compiled and checked by the caller), loop cut-off."""
+        max_tokens = resolve_max_tokens(
+            self.max_tokens, prompt_len, max_model_len, "max_tokens", default_max_tokens
+        )
+        prompt_logprobs = self.logprobs if self.echo else None
+        return self._choice_params(
+            max_tokens, self.logprobs, structured_outputs, prompt_logprobs=prompt_logprobs
+        )
 
 
 class TokenizeRequest(APIModel):

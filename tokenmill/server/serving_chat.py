@@ -12,13 +12,13 @@ from fastapi import Request
 from tokenmill.engine.async_llm import GenerationRequest, OutputStream
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.chat_prompt import render_chat_request, request_tools
-from tokenmill.server.constraints import build_constraint, repetition_setting, tools_to_force
+from tokenmill.server.constraints import build_constraint, tools_to_force
 from tokenmill.server.errors import bad_request
 from tokenmill.server.generation import event_stream, final_outputs, respond, submit
 from tokenmill.server.kv_transfer import kv_transfer_request
 from tokenmill.server.logprobs import chat_logprobs_content
 from tokenmill.server.protocol import ChatCompletionRequest
-from tokenmill.server.sampling import chat_logprobs, resolve_max_tokens, to_sampling_params
+from tokenmill.server.sampling import sampling_params
 from tokenmill.server.state import (
     AccessRecord,
     ServerState,
@@ -72,17 +72,8 @@ async def create_chat_completion(
     engine = state.engine
     forced = tools_to_force(req)
     prompt, prompt_ids = await render_prompt(state, req)
-    requested = (
-        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    )
-    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    max_tokens = resolve_max_tokens(
-        requested, len(prompt_ids), engine.max_model_len, param, state.settings.default_max_tokens
-    )
-    top = chat_logprobs(req)
-    params = to_sampling_params(req, max_tokens, top, req.stream)
-    params.structured_outputs = await build_constraint(state.get_grammar_compiler, req, forced)
-    params.repetition_detection = repetition_setting(req)
+    constraint = await build_constraint(state.get_grammar_compiler, req, forced)
+    params = sampling_params(state, req, len(prompt_ids), constraint)
     completion_id = new_id("chatcmpl")
     record = AccessRecord(request_id, completion_id, "chat", len(prompt_ids))
     stream = await submit(
@@ -100,7 +91,9 @@ async def create_chat_completion(
         ],
         request_id,
     )
-    chat = _ChatOutput(state, req, completion_id, model, request_tools(req) is not None, top)
+    chat = _ChatOutput(
+        state, req, completion_id, model, request_tools(req) is not None, params.logprobs
+    )
     if req.stream:
         return event_stream(chat.stream(stream, record), request_id)
     final = (await final_outputs(raw, stream, request_id))[completion_id]

@@ -12,13 +12,13 @@ from fastapi import Request
 from tokenmill.engine.async_llm import GenerationRequest, OutputStream
 from tokenmill.inputs.prompts import TokenizedPrompt, tokenize_prompts
 from tokenmill.outputs import CompletionOutput, RequestOutput
-from tokenmill.server.constraints import build_constraint, repetition_setting
+from tokenmill.server.constraints import build_constraint
 from tokenmill.server.errors import bad_request, from_value_error
 from tokenmill.server.generation import event_stream, final_outputs, respond, submit
 from tokenmill.server.kv_transfer import kv_transfer_request
 from tokenmill.server.logprobs import completion_logprobs
 from tokenmill.server.protocol import CompletionRequest
-from tokenmill.server.sampling import resolve_max_tokens, to_sampling_params
+from tokenmill.server.sampling import sampling_params
 from tokenmill.server.state import (
     AccessRecord,
     ServerState,
@@ -51,15 +51,7 @@ async def create_completion(
     requests = []
     kv_transfer = kv_transfer_request(req, engine.engine_info, len(prompts))
     for i, (text, ids) in enumerate(prompts):
-        max_tokens = resolve_max_tokens(
-            req.max_tokens, len(ids), engine.max_model_len, "max_tokens",
-            state.settings.default_max_tokens,
-        )  # fmt: skip
-        params = to_sampling_params(req, max_tokens, req.logprobs, req.stream)
-        params.structured_outputs = constraint
-        params.repetition_detection = repetition_setting(req)
-        if req.echo and req.logprobs is not None:
-            params.prompt_logprobs = req.logprobs
+        params = sampling_params(state, req, len(ids), constraint)
         rid = f"{completion_id}-{i}"
         requests.append(
             GenerationRequest(rid, ids, params, text, req.priority, req.cache_salt, kv_transfer)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from tokenmill.engine.async_llm import GenerationRequest
 from tokenmill.server.chat_prompt import request_tools
-from tokenmill.server.constraints import build_constraint, repetition_setting, tools_to_force
+from tokenmill.server.constraints import build_constraint, tools_to_force
 from tokenmill.server.errors import APIError, bad_request
 from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.responses.conversation import (
@@ -26,7 +26,7 @@ from tokenmill.server.responses.conversation import (
 from tokenmill.server.responses.objects import ResponseObject, echo
 from tokenmill.server.responses.protocol import ResponsesRequest
 from tokenmill.server.responses.store import ResponseStore
-from tokenmill.server.sampling import resolve_max_tokens, to_sampling_params
+from tokenmill.server.sampling import sampling_params
 from tokenmill.server.serving_chat import parallel_calls, render_prompt
 from tokenmill.server.state import AccessRecord, ServerState
 
@@ -111,15 +111,9 @@ async def prepare(
             previous = prev.context + prev.response["output"]
         items = context_items(previous, input_items(req), req.truncation)
         chat, prompt, prompt_ids, items = await _render(state, req, items, model)
-        engine = state.engine
         forced = tools_to_force(chat)
-        max_tokens = resolve_max_tokens(
-            req.max_output_tokens, len(prompt_ids), engine.max_model_len, "max_output_tokens",
-            state.settings.default_max_tokens,
-        )  # fmt: skip
-        params = to_sampling_params(chat, max_tokens, None, req.stream)
-        params.structured_outputs = await build_constraint(state.get_grammar_compiler, chat, forced)
-        params.repetition_detection = repetition_setting(chat)
+        constraint = await build_constraint(state.get_grammar_compiler, chat, forced)
+        params = sampling_params(state, req, len(prompt_ids), constraint)
         response_id = item_id("resp")
         return Prepared(
             obj=ResponseObject(response_id, echo(req, model)),

@@ -7,8 +7,16 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, Discriminator, Field, Tag
 
-from tokenmill.server.protocol import INT32_MAX, APIModel, FunctionDefinition, SamplingKnobs
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.server.protocol import (
+    INT32_MAX,
+    APIModel,
+    FunctionDefinition,
+    SamplingKnobs,
+    resolve_max_tokens,
+)
 from tokenmill.server.unsupported import asks_nothing, one_of, unsupported
+from tokenmill.structured.spec import StructuredOutputsParams
 
 MAX_INPUT_ITEMS = 1024  # items in one request's input
 MAX_CONTEXT_ITEMS = 4096  # with the previous responses' items prepended
@@ -219,3 +227,26 @@ class ResponsesRequest(SamplingKnobs):
     top_logprobs: unsupported("logprobs in Responses (/v1/chat/completions returns them)") = None
     reasoning: unsupported("reasoning effort or summaries", no_reasoning) = None
     context_management: unsupported("context compaction (truncation: auto drops old turns)") = None
+
+    def to_sampling_params(
+        self,
+        prompt_len: int,
+        max_model_len: int,
+        default_max_tokens: int,
+        structured_outputs: StructuredOutputsParams | None = None,
+    ) -> SamplingParams:
+        """The whole SamplingParams of the response: max_output_tokens resolved against the
+        context (as chat's max_tokens), the output constraint (text.format or a forced
+        tool call: compiled and checked by the caller), loop cut-off; one output, no
+        logprobs."""
+        max_tokens = resolve_max_tokens(
+            self.max_output_tokens, prompt_len, max_model_len, "max_output_tokens",
+            default_max_tokens,
+        )  # fmt: skip
+        return self._sampling_params(
+            max_tokens,
+            self.stream,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            structured_outputs=structured_outputs,
+        )
