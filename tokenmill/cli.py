@@ -171,11 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench_parser(sub)
         add_tune_parser(sub)
     try:
+        from tokenmill.cluster.cli import add_cluster_parsers
         from tokenmill.router.cli import add_router_parsers
     except ImportError:  # the cluster layer is optional
         pass
     else:
-        add_router_parsers(sub, add_engine_args)
+        add_router_parsers(sub)
+        add_cluster_parsers(sub, add_engine_args)
     for command in config_commands(parser).values():
         add_config_option(command)
     return parser

@@ -183,9 +183,9 @@ def test_without_ray_the_ray_path_says_how_to_get_it(monkeypatch):
 
 def test_ray_workers_bind_the_router_s_host_on_a_cluster_of_this_machine_alone():
     pytest.importorskip("ray")
+    from tokenmill.cluster.cli import ray_worker_host
     from tokenmill.cluster.ray_config import RayConfig
     from tokenmill.cluster.ray_launcher import RayLauncher
-    from tokenmill.router.cli import ray_worker_host
 
     assert ray_worker_host(RayConfig(), "127.0.0.1") == "127.0.0.1"  # `--ray auto`
     assert ray_worker_host(RayConfig(), "0.0.0.0") is None  # the node's address

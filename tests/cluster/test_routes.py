@@ -12,6 +12,7 @@ import pytest
 
 from tests.cluster.test_manager import FakeLauncher
 from tests.gateway.harness import ADMIN_KEY, write_config
+from tokenmill.cluster import routes as cluster_routes
 from tokenmill.cluster.launcher import WorkerRequest
 from tokenmill.cluster.manager import ClusterManager
 from tokenmill.router.app import build_router_app
@@ -32,7 +33,7 @@ async def app_with_cluster(**auth) -> AsyncIterator[tuple[httpx.AsyncClient, Clu
     specs = manager.start([WorkerRequest()])
     router = Router(RouterConfig(health_interval_s=0.05), specs)
     app = build_router_app(router, PromptHasher(None, None), httpx.MockTransport(replica),
-                           cluster=manager, **auth)  # fmt: skip
+                           cluster=manager, extra_routes=[cluster_routes.router], **auth)  # fmt: skip
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://router") as client,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tokenmill.cli import build_parser
+from tokenmill.cluster.cli import engine_argv
 from tokenmill.router import cluster
-from tokenmill.router.cli import engine_argv, router_config
+from tokenmill.router.cli import router_config
 from tokenmill.router.cluster import threads_per_replica
 
 

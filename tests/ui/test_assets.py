@@ -168,7 +168,7 @@ def test_router_ttft_percentiles_are_the_requests_own():
     from tokenmill.router.config import RouterConfig
     from tokenmill.router.replicas import ReplicaSpec
     from tokenmill.router.router import Router
-    from tokenmill.ui.router_source import RouterSource
+    from tokenmill.router.ui_source import RouterSource
 
     router = Router(RouterConfig(), [ReplicaSpec.parse("http://127.0.0.1:9000")])
     clock = Clock()

@@ -4,11 +4,11 @@ app.state, adds the middleware and includes the routers (router/routes/)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 
 from tokenmill.router.auth import APIKeyMiddleware, open_paths
 from tokenmill.router.client_requests import (
@@ -21,8 +21,8 @@ from tokenmill.router.front import Cluster, RouterFront
 from tokenmill.router.prompts import PromptHasher
 from tokenmill.router.router import Router
 from tokenmill.router.routes import admin, generation, health, passthrough
+from tokenmill.router.ui_source import RouterSource
 from tokenmill.server.errors import APIError
-from tokenmill.ui.router_source import RouterSource
 from tokenmill.ui.routes import add_ui_routes
 from tokenmill.ui.sampler import Sampler
 from tokenmill.ui.static_files import StaticUI
@@ -46,6 +46,7 @@ def build_router_app(
     protect_metrics: bool = False,
     gateway_config: str | None = None,
     cluster: Cluster | None = None,
+    extra_routes: Sequence[APIRouter] = (),
     replica_key: str | None = None,
 ) -> FastAPI:
     """`transport` replaces the network to the replicas (tests). With `api_key`, clients
@@ -61,10 +62,9 @@ def build_router_app(
     app.state.sampler = Sampler(RouterSource(router, lambda: front.admission.waiting))
     _add_middleware(app, router, api_key, protect_metrics, gateway_config)
     if cluster is not None:
-        from tokenmill.cluster import routes as cluster_routes
-
         app.state.cluster = cluster
-        app.include_router(cluster_routes.router)
+    for routes in extra_routes:  # a cluster's /cluster and /cluster/scale
+        app.include_router(routes)
     app.add_exception_handler(APIError, api_error)
     for routes in (generation, passthrough, health, admin):
         app.include_router(routes.router)
