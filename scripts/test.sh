@@ -27,4 +27,6 @@ if ! NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site_dir
     exit 1
 fi
 rm -rf "$site_dir"
+# the package's structure: allowed imports per layer, no circles, no function over 100 lines
+.venv/bin/python scripts/check_layers.py
 exec .venv/bin/python -m pytest -m "not slow" -q "$@"
