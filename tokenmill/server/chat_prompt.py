@@ -9,8 +9,8 @@ from typing import Any
 from tokenmill.inputs.chat import render_chat
 from tokenmill.model.chat_template import ChatTemplate, ChatTemplateError
 from tokenmill.model.tokenizer import Tokenizer
+from tokenmill.openai.protocol import ChatCompletionRequest
 from tokenmill.server.errors import bad_request
-from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.tool_messages import template_messages
 
 

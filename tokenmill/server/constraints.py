@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from tokenmill.openai.protocol import ChatCompletionRequest, SamplingFields
 from tokenmill.server.errors import bad_request
 from tokenmill.server.json_body import parse_json
-from tokenmill.server.protocol import ChatCompletionRequest, SamplingFields
 from tokenmill.structured.grammar import GrammarCompiler, GrammarError
 from tokenmill.structured.spec import StructuredOutputsParams
 from tokenmill.structured.tools import tool_call_grammar

@@ -1,4 +1,5 @@
-"""The OpenAI error envelope: {"error": {"message", "type", "param", "code"}}."""
+"""The OpenAI error envelope, {"error": {"message", "type", "param", "code"}}
+(tokenmill/openai/errors.py), as HTTP errors."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import re
 from typing import Any
 
 from fastapi.responses import JSONResponse
+
+from tokenmill.openai.errors import RequestError, error_body
+
+__all__ = ["APIError", "bad_request", "error_body", "from_value_error"]
 
 
 class APIError(Exception):
@@ -33,12 +38,6 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def error_body(
-    message: str, type: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
 
@@ -47,7 +46,11 @@ _FIELD_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*): ")
 
 
 def from_value_error(err: ValueError, param_map: dict[str, str] | None = None) -> APIError:
-    """Engine validation errors read "<field>: <reason>"; the field becomes `param`."""
+    """Engine validation errors read "<field>: <reason>"; the field becomes `param`. A
+    RequestError names its field and code itself."""
+    if isinstance(err, RequestError):
+        param = err.param
+        return bad_request(err.message, (param_map or {}).get(param, param), err.code)
     message = str(err)
     match = _FIELD_PREFIX.match(message)
     param = match.group(1) if match else None

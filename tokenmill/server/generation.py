@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.async_llm import AsyncLLM, GenerationRequest, OutputStream
+from tokenmill.openai import completion_objects as co
 from tokenmill.outputs import RequestOutput
 from tokenmill.server.state import AccessRecord, engine_error, sse_with_errors, until_disconnect
 
@@ -49,11 +50,9 @@ def respond(
     body: dict[str, Any], finals: list[RequestOutput], record: AccessRecord, request_id: str
 ) -> JSONResponse:
     """The non-streamed response, logged once."""
-    usage = body["usage"]
-    record.completion_tokens = usage["completion_tokens"]
-    record.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
+    _, record.cached_tokens, record.completion_tokens = co.usage_tokens(body[co.USAGE])
     firsts = [f.metrics["first_token_time"] for f in finals if f.metrics.get("first_token_time")]
     record.first_token = min(firsts, default=None)
-    record.finish_reasons = [c["finish_reason"] for c in body["choices"]]
+    record.finish_reasons = [c[co.FINISH_REASON] for c in body[co.CHOICES]]
     record.write()
     return JSONResponse(body, headers={"X-Request-Id": request_id})

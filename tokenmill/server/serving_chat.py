@@ -10,6 +10,8 @@ from typing import Any
 from fastapi import Request
 
 from tokenmill.engine.async_llm import GenerationRequest, OutputStream
+from tokenmill.openai import completion_objects as co
+from tokenmill.openai.protocol import ChatCompletionRequest
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.chat_prompt import render_chat_request, request_tools
 from tokenmill.server.constraints import build_constraint, tools_to_force
@@ -17,7 +19,6 @@ from tokenmill.server.errors import bad_request
 from tokenmill.server.generation import event_stream, final_outputs, respond, submit
 from tokenmill.server.kv_transfer import kv_transfer_request
 from tokenmill.server.logprobs import chat_logprobs_content
-from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.sampling import sampling_params
 from tokenmill.server.state import (
     AccessRecord,
@@ -25,7 +26,6 @@ from tokenmill.server.state import (
     new_id,
     off_loop,
     stream_chunk,
-    usage_dict,
     usage_options,
 )
 from tokenmill.structured.tools import (
@@ -54,7 +54,7 @@ def _call_id() -> str:
 
 def finish_reason(engine_reason: str | None, has_calls: bool) -> str | None:
     """ "tool_calls" only for an output that ended on its own; a cut output says "length"."""
-    return "tool_calls" if has_calls and engine_reason == "stop" else engine_reason
+    return co.FINISH_TOOL_CALLS if has_calls and engine_reason == co.FINISH_STOP else engine_reason
 
 
 def parallel_calls(req: ChatCompletionRequest) -> bool:
@@ -74,7 +74,7 @@ async def create_chat_completion(
     prompt, prompt_ids = await render_prompt(state, req)
     constraint = await build_constraint(state.get_grammar_compiler, req, forced)
     params = sampling_params(state, req, len(prompt_ids), constraint)
-    completion_id = new_id("chatcmpl")
+    completion_id = new_id(co.CHAT_ID_PREFIX)
     record = AccessRecord(request_id, completion_id, "chat", len(prompt_ids))
     stream = await submit(
         engine,
@@ -137,12 +137,7 @@ class _ChatOutput:
         completion_tokens = 0
         for c in final.outputs:
             completion_tokens += len(c.token_ids)
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": c.text,
-                "refusal": None,
-                "tool_calls": [],
-            }
+            message = co.assistant_message(c.text)
             calls = []
             if self.parse_tools:
                 parser = ToolCallParser()
@@ -153,35 +148,20 @@ class _ChatOutput:
                 calls = [tc for tc in parsed.tool_calls if tc.valid]
                 calls = calls if self.parallel else calls[:1]
                 if parsed.tool_calls:  # whitespace around calls is no content (as streamed)
-                    message["content"] = parsed.content if parsed.content.strip() else None
-                message["tool_calls"] = [
-                    {
-                        "id": _call_id(),
-                        "type": "function",
-                        "function": {"name": tc.name, "arguments": tc.arguments},
-                    }
-                    for tc in calls
+                    message[co.CONTENT] = parsed.content if parsed.content.strip() else None
+                message[co.TOOL_CALLS] = [
+                    co.tool_call(_call_id(), tc.name, tc.arguments) for tc in calls
                 ]
+            finish = finish_reason(c.finish_reason, bool(calls))
             choices.append(
-                {
-                    "index": c.index,
-                    "message": message,
-                    "logprobs": self._logprobs(c),
-                    "finish_reason": finish_reason(c.finish_reason, bool(calls)),
-                    "stop_reason": c.stop_reason,
-                }
+                co.chat_choice(
+                    c.index, message, self._logprobs(c), finish, stop_reason=c.stop_reason
+                )
             )
-        return {
-            "id": self.completion_id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": usage_dict(
-                len(final.prompt_token_ids), completion_tokens, final.num_cached_tokens
-            ),
-            "system_fingerprint": None,
-        }
+        usage = co.usage(len(final.prompt_token_ids), completion_tokens, final.num_cached_tokens)
+        return co.completion(
+            self.completion_id, co.CHAT_COMPLETION, self.created, self.model, choices, usage
+        )
 
     # ------------------------------------------------------------ streaming
 
@@ -200,18 +180,18 @@ class _ChatOutput:
 
         def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
             return stream_chunk(
-                self.completion_id, "chat.completion.chunk", self.created, self.model, choices,
+                self.completion_id, co.CHAT_COMPLETION_CHUNK, self.created, self.model, choices,
                 usage, include_usage,
             )  # fmt: skip
 
         def usage_so_far() -> dict[str, Any] | None:
-            return usage_dict(prompt_tokens, sum(tokens), cached) if continuous else None
+            return co.usage(prompt_tokens, sum(tokens), cached) if continuous else None
 
         def deltas(index: int, text: str, finished: bool) -> list[dict[str, Any]]:
             """Text -> OpenAI deltas (content and tool-call pieces) for one choice."""
             parser = parsers[index]
             if parser is None:
-                return [{"content": text}] if text else []
+                return [co.content_delta(text)] if text else []
             events = parser.feed(text) + (parser.finish() if finished else [])
             if not self.parallel:
                 events = [e for e in events if isinstance(e, ContentDelta) or e.index == 0]
@@ -224,17 +204,15 @@ class _ChatOutput:
                         held[index] = None if text.strip() else text
                         if held[index] is not None:
                             continue
-                    out.append({"content": text})
+                    out.append(co.content_delta(text))
                 elif isinstance(ev, ToolCallStart):
                     call_ids[index][ev.index] = _call_id()
-                    out.append({"tool_calls": [{"index": ev.index, "id": call_ids[index][ev.index], "type": "function",
-                                                "function": {"name": ev.name, "arguments": ""}}]})  # fmt: skip
+                    start = co.tool_call_start(ev.index, call_ids[index][ev.index], ev.name)
+                    out.append(co.tool_calls_delta(start))
                 elif isinstance(ev, ToolCallArgumentsDelta) and ev.text:
-                    out.append(
-                        {"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]}
-                    )
+                    out.append(co.tool_calls_delta(co.tool_call_arguments(ev.index, ev.text)))
             if finished and held[index] and not call_ids[index]:
-                out.append({"content": held[index]})  # no calls: whitespace is the content
+                out.append(co.content_delta(held[index]))  # no calls: whitespace is the content
             return out
 
         try:
@@ -246,39 +224,22 @@ class _ChatOutput:
                     tokens[c.index] += len(c.token_ids)
                     if not sent_role[c.index]:
                         sent_role[c.index] = True
-                        yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}], usage_so_far())  # fmt: skip
+                        yield chunk([co.delta_choice(c.index, co.role_delta())], usage_so_far())
                     lp = self._logprobs(c)
                     pieces = deltas(c.index, c.text, c.finished)
                     for i, delta in enumerate(pieces):
                         last = i == len(pieces) - 1
-                        yield chunk(
-                            [{"index": c.index, "delta": delta, "logprobs": lp if last else None,
-                              "finish_reason": None}],
-                            usage_so_far(),
-                        )  # fmt: skip
+                        choice = co.delta_choice(c.index, delta, lp if last else None)
+                        yield chunk([choice], usage_so_far())
                     if lp is not None and not pieces:
-                        yield chunk(
-                            [
-                                {
-                                    "index": c.index,
-                                    "delta": {},
-                                    "logprobs": lp,
-                                    "finish_reason": None,
-                                }
-                            ],
-                            usage_so_far(),
-                        )
+                        yield chunk([co.delta_choice(c.index, {}, lp)], usage_so_far())
                     if c.finished:
                         finish = finish_reason(c.finish_reason, bool(call_ids[c.index]))
                         record.finish_reasons.append(finish)
-                        yield chunk(
-                            [{"index": c.index, "delta": {}, "logprobs": None,
-                              "finish_reason": finish, "stop_reason": c.stop_reason}],
-                            usage_so_far(),
-                        )  # fmt: skip
+                        last = co.delta_choice(c.index, {}, None, finish, stop_reason=c.stop_reason)
+                        yield chunk([last], usage_so_far())
             if include_usage:
-                yield chunk([], usage_dict(prompt_tokens, sum(tokens), cached))
+                yield chunk([], co.usage(prompt_tokens, sum(tokens), cached))
             record.completion_tokens, record.cached_tokens = sum(tokens), cached
             record.write()
         finally:

@@ -11,13 +11,14 @@ from fastapi import Request
 
 from tokenmill.engine.async_llm import GenerationRequest, OutputStream
 from tokenmill.inputs.prompts import TokenizedPrompt, tokenize_prompts
+from tokenmill.openai import completion_objects as co
+from tokenmill.openai.protocol import CompletionRequest
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.constraints import build_constraint
 from tokenmill.server.errors import bad_request, from_value_error
 from tokenmill.server.generation import event_stream, final_outputs, respond, submit
 from tokenmill.server.kv_transfer import kv_transfer_request
 from tokenmill.server.logprobs import completion_logprobs
-from tokenmill.server.protocol import CompletionRequest
 from tokenmill.server.sampling import sampling_params
 from tokenmill.server.state import (
     AccessRecord,
@@ -25,7 +26,6 @@ from tokenmill.server.state import (
     new_id,
     off_loop,
     stream_chunk,
-    usage_dict,
     usage_options,
 )
 
@@ -47,7 +47,7 @@ async def create_completion(
     except ValueError as e:
         raise from_value_error(e) from e
     constraint = await build_constraint(state.get_grammar_compiler, req)
-    completion_id = new_id("cmpl")
+    completion_id = new_id(co.COMPLETION_ID_PREFIX)
     requests = []
     kv_transfer = kv_transfer_request(req, engine.engine_info, len(prompts))
     for i, (text, ids) in enumerate(prompts):
@@ -99,26 +99,15 @@ class _CompletionOutput:
             for c in final.outputs:
                 completion_tokens += len(c.token_ids)
                 text = self._prompt_text(p_index) + c.text if req.echo else c.text
+                lp = self._logprobs(ids, final, c) if req.logprobs is not None else None
+                index = p_index * req.n + c.index
                 choices.append(
-                    {
-                        "index": p_index * req.n + c.index,
-                        "text": text,
-                        "logprobs": self._logprobs(ids, final, c)
-                        if req.logprobs is not None
-                        else None,
-                        "finish_reason": c.finish_reason,
-                        "stop_reason": c.stop_reason,
-                    }
+                    co.text_choice(index, text, lp, c.finish_reason, stop_reason=c.stop_reason)
                 )
-        return {
-            "id": self.completion_id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": usage_dict(prompt_tokens, completion_tokens, cached),
-            "system_fingerprint": None,
-        }
+        usage = co.usage(prompt_tokens, completion_tokens, cached)
+        return co.completion(
+            self.completion_id, co.TEXT_COMPLETION, self.created, self.model, choices, usage
+        )
 
     def _logprobs(
         self, ids: list[int], final: RequestOutput, c: CompletionOutput
@@ -143,12 +132,12 @@ class _CompletionOutput:
 
         def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
             return stream_chunk(
-                self.completion_id, "text_completion", self.created, self.model, choices, usage,
+                self.completion_id, co.TEXT_COMPLETION, self.created, self.model, choices, usage,
                 include_usage,
             )  # fmt: skip
 
         def usage_now() -> dict[str, Any]:
-            return usage_dict(record.prompt_tokens, sum(counts), sum(cached.values()))
+            return co.usage(record.prompt_tokens, sum(counts), sum(cached.values()))
 
         try:
             async for out in outputs:
@@ -173,14 +162,9 @@ class _CompletionOutput:
                         offsets[index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
                     if not text and lp is None and not c.finished:
                         continue
-                    choice = {
-                        "index": index,
-                        "text": text,
-                        "logprobs": lp,
-                        "finish_reason": c.finish_reason,
-                    }
+                    choice = co.text_choice(index, text, lp, c.finish_reason)
                     if c.finished:
-                        choice["stop_reason"] = c.stop_reason
+                        choice[co.STOP_REASON] = c.stop_reason
                         record.finish_reasons.append(c.finish_reason)
                     yield chunk([choice], usage_now() if continuous else None)
             if include_usage:

@@ -16,6 +16,7 @@ from fastapi import Request
 
 from tokenmill.engine.async_llm import AsyncLLM, QueueFullError, RequestFailedError
 from tokenmill.engine.core_client import EngineDeadError
+from tokenmill.openai import completion_objects
 from tokenmill.server.cpu_pool import off_loop
 from tokenmill.server.errors import APIError, from_value_error
 from tokenmill.server.metrics import ServerMetrics
@@ -160,15 +161,11 @@ def stream_chunk(
     include_usage: bool,
 ) -> str:
     """One SSE chunk; with include_usage every chunk carries `usage` (null unless given)."""
-    body: dict[str, Any] = {
-        "id": completion_id,
-        "object": obj,
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
+    body = completion_objects.chunk(
+        completion_objects.envelope(completion_id, obj, created, model), choices
+    )
     if include_usage:
-        body["usage"] = usage
+        body[completion_objects.USAGE] = usage
     return sse(body)
 
 
@@ -177,15 +174,6 @@ def usage_options(req: Any) -> tuple[bool, bool]:
     options = req.stream_options
     include = bool(options and options.include_usage)
     return include, include and bool(options.continuous_usage_stats)
-
-
-def usage_dict(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
 
 
 async def sse_with_errors(chunks: AsyncIterator[str], request_id: str) -> AsyncIterator[str]:

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from tokenmill.model.chat_template import ChatTemplate
-from tokenmill.server.protocol import ChatMessage
+from tokenmill.openai.protocol import ChatMessage
 from tokenmill.structured.tools import END_TAG, START_TAG, tools_system_prompt
 
 

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from tokenmill.gateway.keys import bearer_token, hash_key
 from tokenmill.gateway.store.keys_table import StoredKey
+from tokenmill.openai.errors import error_body
 
 
 def gateway_of(request: Request):
@@ -29,8 +30,7 @@ def public_key(key: StoredKey) -> dict[str, Any]:
 
 
 def admin_error(status: int, message: str, code: str, type_: str = "invalid_request_error"):
-    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(error_body(message, type_, None, code), status_code=status)
 
 
 def is_admin(gateway, authorization: bytes) -> bool:

@@ -19,34 +19,33 @@ from tokenmill.gateway.endpoints.common import (
     error_payload,
 )
 from tokenmill.gateway.sse import Event
-
-
-def usage_tokens(usage: dict[str, Any] | None) -> tuple[int, int, int]:
-    """(prompt, cached, completion) of a chat/completions usage object."""
-    if not isinstance(usage, dict):
-        return 0, 0, 0
-    details = usage.get("prompt_tokens_details") or {}
-    return (
-        int(usage.get("prompt_tokens") or 0),
-        int(details.get("cached_tokens") or 0),
-        int(usage.get("completion_tokens") or 0),
-    )
+from tokenmill.openai import completion_objects as co
+from tokenmill.openai.completion_objects import (
+    CHOICES,
+    CONTENT,
+    DELTA,
+    FINISH_REASON,
+    FUNCTION,
+    INDEX,
+    LOGPROBS,
+    MESSAGE,
+    TEXT,
+    TOOL_CALLS,
+    USAGE,
+    usage_tokens,
+)
+from tokenmill.openai.errors import ERROR
 
 
 def _zero_usage() -> dict[str, Any]:
-    return {
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-        "total_tokens": 0,
-        "prompt_tokens_details": {"cached_tokens": 0},
-    }
+    return co.usage(0, 0, 0)
 
 
 class ChatAdapter:
     endpoint = "chat"
-    object_name = "chat.completion"
-    chunk_name = "chat.completion.chunk"
-    id_prefix = "chatcmpl-"
+    object_name = co.CHAT_COMPLETION
+    chunk_name = co.CHAT_COMPLETION_CHUNK
+    id_prefix = co.CHAT_ID_PREFIX + "-"
 
     # ------------------------------------------------------------ input
 
@@ -66,75 +65,60 @@ class ChatAdapter:
 
     def prepare_stream(self, body: dict[str, Any], ctx: ExchangeContext) -> None:
         """Usage in every chunk (the ledger's count even when the client leaves early)."""
-        options = body.get("stream_options")
+        options = body.get(co.STREAM_OPTIONS)
         options = options if isinstance(options, dict) else {}
-        ctx.client_include_usage = options.get("include_usage") is True
-        ctx.client_continuous_usage = options.get("continuous_usage_stats") is True
-        body["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": True}
+        ctx.client_include_usage = options.get(co.INCLUDE_USAGE) is True
+        ctx.client_continuous_usage = options.get(co.CONTINUOUS_USAGE_STATS) is True
+        body[co.STREAM_OPTIONS] = {
+            **options,
+            co.INCLUDE_USAGE: True,
+            co.CONTINUOUS_USAGE_STATS: True,
+        }
 
     # ------------------------------------------------------------ fallback
 
     def _choice(self, index: int, text: str) -> dict[str, Any]:
-        return {
-            "index": index,
-            "message": {"role": "assistant", "content": text, "refusal": None, "tool_calls": []},
-            "logprobs": None,
-            "finish_reason": "content_filter",
-        }
+        message = co.assistant_message(text)
+        return co.chat_choice(index, message, None, co.FINISH_CONTENT_FILTER)
 
     def _count(self, body: dict[str, Any]) -> int:
         n = body.get("n")
         return n if isinstance(n, int) and 1 <= n <= 128 else 1
 
     def fallback_json(self, body: dict[str, Any], text: str, ctx: ExchangeContext) -> dict:
-        return {
-            "id": self.id_prefix + uuid.uuid4().hex,
-            "object": self.object_name,
-            "created": int(time.time()),
-            "model": ctx.model,
-            "choices": [self._choice(i, text) for i in range(self._count(body))],
-            "usage": _zero_usage(),
-            "system_fingerprint": None,
-        }
-
-    def _chunk(self, envelope: dict[str, Any], choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {**envelope, "choices": choices}
+        choices = [self._choice(i, text) for i in range(self._count(body))]
+        completion_id = self.id_prefix + uuid.uuid4().hex
+        created = int(time.time())
+        return co.completion(
+            completion_id, self.object_name, created, ctx.model, choices, _zero_usage()
+        )
 
     def _text_delta(self, index: int, text: str) -> dict[str, Any]:
-        return {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+        return co.delta_choice(index, co.content_delta(text))
 
     def _finish_delta(self, index: int, reason: str) -> dict[str, Any]:
-        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
+        return co.delta_choice(index, {}, None, reason)
 
     def fallback_events(self, body: dict[str, Any], text: str, ctx: ExchangeContext) -> list:
-        envelope = {
-            "id": self.id_prefix + uuid.uuid4().hex,
-            "object": self.chunk_name,
-            "created": int(time.time()),
-            "model": ctx.model,
-        }
+        completion_id = self.id_prefix + uuid.uuid4().hex
+        head = co.envelope(completion_id, self.chunk_name, int(time.time()), ctx.model)
         events = []
         for i in range(self._count(body)):
-            events.append(Event(self._chunk(envelope, [self._first_delta(i)])))
-            events.append(Event(self._chunk(envelope, [self._text_delta(i, text)])))
-            events.append(Event(self._chunk(envelope, [self._finish_delta(i, "content_filter")])))
+            events.append(Event(co.chunk(head, [self._first_delta(i)])))
+            events.append(Event(co.chunk(head, [self._text_delta(i, text)])))
+            events.append(Event(co.chunk(head, [self._finish_delta(i, co.FINISH_CONTENT_FILTER)])))
         if ctx.client_include_usage:
-            events.append(Event({**envelope, "choices": [], "usage": _zero_usage()}))
+            events.append(Event({**co.chunk(head, []), USAGE: _zero_usage()}))
         events.append(Event("[DONE]"))
         return events
 
     def _first_delta(self, index: int) -> dict[str, Any]:
-        return {
-            "index": index,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": None,
-            "finish_reason": None,
-        }
+        return co.delta_choice(index, co.role_delta())
 
     # ------------------------------------------------------------ output
 
     def usage_of(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        usage = obj.get("usage")
+        usage = obj.get(USAGE)
         return usage if isinstance(usage, dict) else None
 
     def tokens(self, usage: dict[str, Any] | None) -> tuple[int, int, int]:
@@ -145,10 +129,10 @@ class ChatAdapter:
     ) -> dict[str, Any] | None:
         """The whole response rewritten (None: an output rule blocked it)."""
         ctx.usage = self.usage_of(obj)
-        for choice in obj.get("choices") or []:
+        for choice in obj.get(CHOICES) or []:
             if not isinstance(choice, dict):
                 continue
-            ctx.finish_reason = ctx.finish_reason or choice.get("finish_reason")
+            ctx.finish_reason = ctx.finish_reason or choice.get(FINISH_REASON)
             ref = self.choice_text(choice)
             if ref is not None and ref.text:
                 step = await TextFilter(ctx).whole(ref.text)
@@ -158,46 +142,46 @@ class ChatAdapter:
                 if step.replacement is not None:  # nothing of the answer stays, calls neither
                     ref.set(step.replacement)
                     self.drop_calls(choice)
-                    choice.update(finish_reason="content_filter", logprobs=None)
+                    choice.update({FINISH_REASON: co.FINISH_CONTENT_FILTER, LOGPROBS: None})
                     continue
                 if step.emit != ref.text:
                     ref.set(step.emit)
-                    choice["logprobs"] = None
+                    choice[LOGPROBS] = None
             self.police_calls(choice, ctx)
         return obj
 
     def choice_text(self, choice: dict[str, Any]) -> TextRef | None:
-        message = choice.get("message")
-        if isinstance(message, dict) and isinstance(message.get("content"), str):
-            return TextRef(message, "content")
+        message = choice.get(MESSAGE)
+        if isinstance(message, dict) and isinstance(message.get(CONTENT), str):
+            return TextRef(message, CONTENT)
         return None
 
     def drop_calls(self, choice: dict[str, Any]) -> None:
-        if isinstance(choice.get("message"), dict):
-            choice["message"]["tool_calls"] = []
+        if isinstance(choice.get(MESSAGE), dict):
+            choice[MESSAGE][TOOL_CALLS] = []
 
     def police_calls(self, choice: dict[str, Any], ctx: ExchangeContext) -> None:
-        message = choice.get("message")
+        message = choice.get(MESSAGE)
         if not isinstance(message, dict):
             return
-        calls = message.get("tool_calls")
+        calls = message.get(TOOL_CALLS)
         if not isinstance(calls, list) or not calls:
             return
         kept, refusals = [], []
         for call in calls:
-            fn = call.get("function") or {} if isinstance(call, dict) else {}
-            record = ctx.check_call(str(fn.get("name", "")), str(fn.get("arguments", "")))
+            fn = call.get(FUNCTION) or {} if isinstance(call, dict) else {}
+            record = ctx.check_call(str(fn.get(co.NAME, "")), str(fn.get(co.ARGUMENTS, "")))
             if record.allowed:
                 kept.append(call)
             else:
                 refusals.append(ctx.policy.refusal if ctx.policy else "")
         if not refusals:
             return
-        message["tool_calls"] = kept
+        message[TOOL_CALLS] = kept
         text = "\n".join(dict.fromkeys(refusals))
-        message["content"] = f"{message['content']}\n{text}" if message.get("content") else text
-        if not kept and choice.get("finish_reason") == "tool_calls":
-            choice["finish_reason"] = "stop"
+        message[CONTENT] = f"{message[CONTENT]}\n{text}" if message.get(CONTENT) else text
+        if not kept and choice.get(FINISH_REASON) == co.FINISH_TOOL_CALLS:
+            choice[FINISH_REASON] = co.FINISH_STOP
 
     def stream_rewriter(self, body: dict[str, Any], ctx: ExchangeContext) -> ChoiceStreamRewriter:
         rewriter = ChoiceStreamRewriter(self, ctx)
@@ -206,27 +190,27 @@ class ChatAdapter:
 
     # text accessors (completions override)
     def chunk_text(self, choice: dict[str, Any]) -> str | None:
-        delta = choice.get("delta")
-        return delta.get("content") if isinstance(delta, dict) else None
+        delta = choice.get(DELTA)
+        return delta.get(CONTENT) if isinstance(delta, dict) else None
 
     def set_chunk_text(self, choice: dict[str, Any], text: str | None) -> None:
-        delta = choice.get("delta")
+        delta = choice.get(DELTA)
         if isinstance(delta, dict):
             if text:
-                delta["content"] = text
+                delta[CONTENT] = text
             else:
-                delta.pop("content", None)
+                delta.pop(CONTENT, None)
 
     def empty_choice(self, choice: dict[str, Any]) -> bool:
-        delta = choice.get("delta") or {}
-        return not delta and choice.get("finish_reason") is None and not choice.get("logprobs")
+        delta = choice.get(DELTA) or {}
+        return not delta and choice.get(FINISH_REASON) is None and not choice.get(LOGPROBS)
 
 
 class CompletionAdapter(ChatAdapter):
     endpoint = "completions"
-    object_name = "text_completion"
-    chunk_name = "text_completion"
-    id_prefix = "cmpl-"
+    object_name = co.TEXT_COMPLETION
+    chunk_name = co.TEXT_COMPLETION
+    id_prefix = co.COMPLETION_ID_PREFIX + "-"
 
     def input_texts(self, body: dict[str, Any]) -> list[TextRef] | None:
         prompt = body.get("prompt")
@@ -240,7 +224,7 @@ class CompletionAdapter(ChatAdapter):
         return body.get("logprobs") is not None or bool(body.get("echo"))
 
     def _choice(self, index: int, text: str) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": "content_filter"}
+        return co.text_choice(index, text, None, co.FINISH_CONTENT_FILTER)
 
     def _count(self, body: dict[str, Any]) -> int:
         prompts = body.get("prompt")
@@ -248,16 +232,16 @@ class CompletionAdapter(ChatAdapter):
         return count * super()._count(body)
 
     def _text_delta(self, index: int, text: str) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+        return co.text_choice(index, text, None, None)
 
     def _finish_delta(self, index: int, reason: str) -> dict[str, Any]:
-        return {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
+        return co.text_choice(index, "", None, reason)
 
     def _first_delta(self, index: int) -> dict[str, Any]:
         return self._text_delta(index, "")
 
     def choice_text(self, choice: dict[str, Any]) -> TextRef | None:
-        return TextRef(choice, "text") if isinstance(choice.get("text"), str) else None
+        return TextRef(choice, TEXT) if isinstance(choice.get(TEXT), str) else None
 
     def drop_calls(self, choice: dict[str, Any]) -> None:
         pass
@@ -266,17 +250,15 @@ class CompletionAdapter(ChatAdapter):
         pass  # completions have no tools
 
     def chunk_text(self, choice: dict[str, Any]) -> str | None:
-        text = choice.get("text")
+        text = choice.get(TEXT)
         return text if isinstance(text, str) else None
 
     def set_chunk_text(self, choice: dict[str, Any], text: str | None) -> None:
-        choice["text"] = text or ""
+        choice[TEXT] = text or ""
 
     def empty_choice(self, choice: dict[str, Any]) -> bool:
         return (
-            not choice.get("text")
-            and choice.get("finish_reason") is None
-            and not choice.get("logprobs")
+            not choice.get(TEXT) and choice.get(FINISH_REASON) is None and not choice.get(LOGPROBS)
         )
 
 
@@ -309,14 +291,14 @@ class ChoiceStreamRewriter:
             return
         if self.ctx.client_include_usage:
             if not final:
-                chunk["usage"] = None
+                chunk[USAGE] = None
         else:
-            chunk.pop("usage", None)
+            chunk.pop(USAGE, None)
 
     def _out(self, choices: list[dict[str, Any]]) -> Event:
-        chunk = {**self.envelope, "choices": choices}
-        if "usage" in self.envelope:
-            chunk["usage"] = self.ctx.usage if self.ctx.client_continuous_usage else None
+        chunk = co.chunk(self.envelope, choices)
+        if USAGE in self.envelope:
+            chunk[USAGE] = self.ctx.usage if self.ctx.client_continuous_usage else None
             self._show_usage(chunk, final=False)
         return Event(chunk)
 
@@ -326,13 +308,13 @@ class ChoiceStreamRewriter:
             return []
         if not isinstance(data, dict):
             return [event]  # [DONE]
-        if "error" in data:
+        if ERROR in data:
             self.ctx.error_code = self.ctx.error_code or "upstream_error"
             return [event]
-        self.envelope = {k: v for k, v in data.items() if k != "choices"}
-        if isinstance(data.get("usage"), dict):
-            self.ctx.usage = data["usage"]
-        choices = data.get("choices")
+        self.envelope = {k: v for k, v in data.items() if k != CHOICES}
+        if isinstance(data.get(USAGE), dict):
+            self.ctx.usage = data[USAGE]
+        choices = data.get(CHOICES)
         if not isinstance(choices, list):
             return [event]
         if not choices:  # the usage chunk
@@ -343,7 +325,7 @@ class ChoiceStreamRewriter:
         out: list[Event] = []
         kept: list[dict[str, Any]] = []
         for choice in choices:
-            if not isinstance(choice, dict) or not isinstance(choice.get("index"), int):
+            if not isinstance(choice, dict) or not isinstance(choice.get(INDEX), int):
                 kept.append(choice)
                 continue
             events, keep = await self._choice(choice)
@@ -354,37 +336,37 @@ class ChoiceStreamRewriter:
                 kept.append(keep)
         if kept:
             self._show_usage(data, final=False)
-            out.insert(0, Event({**data, "choices": kept}))
+            out.insert(0, Event({**data, CHOICES: kept}))
         return out
 
     async def _choice(self, choice: dict[str, Any]) -> tuple[list[Event], dict[str, Any] | None]:
         """Events to send in place of this choice (none: it is sent as rewritten) and its
         rewritten chunk (None: not sent on its own)."""
         ctx, adapter = self.ctx, self.adapter
-        state = self._state(choice["index"])
+        state = self._state(choice[INDEX])
         if state.closed:
             return [], None
         text = adapter.chunk_text(choice)
         if text:
             step = state.filter.feed(text)
             if step.stop is not None:
-                return self._stop(choice["index"], state, step), None
+                return self._stop(choice[INDEX], state, step), None
             adapter.set_chunk_text(choice, step.emit)
             if step.emit:
                 ctx.output_started()
         self._collect_calls(choice, state)
-        finish = choice.get("finish_reason")
+        finish = choice.get(FINISH_REASON)
         if finish is not None:
             ctx.finish_reason = ctx.finish_reason or finish
             step = await state.filter.finish()
             if step.stop is not None:
-                return self._stop(choice["index"], state, step), None
+                return self._stop(choice[INDEX], state, step), None
             before = []
             if step.emit:
                 ctx.output_started()
-                before.append(self._out([adapter._text_delta(choice["index"], step.emit)]))
-            calls, finish = self._release_calls(choice["index"], state, finish)
-            choice["finish_reason"] = finish
+                before.append(self._out([adapter._text_delta(choice[INDEX], step.emit)]))
+            calls, finish = self._release_calls(choice[INDEX], state, finish)
+            choice[FINISH_REASON] = finish
             state.closed = True
             if before or calls:  # flushed text and held calls go before the finish chunk
                 return [*before, *calls, self._out([choice])], None
@@ -392,20 +374,20 @@ class ChoiceStreamRewriter:
         return [], None if adapter.empty_choice(choice) else choice
 
     def _collect_calls(self, choice: dict[str, Any], state: _ChoiceState) -> None:
-        delta = choice.get("delta")
-        calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+        delta = choice.get(DELTA)
+        calls = delta.get(TOOL_CALLS) if isinstance(delta, dict) else None
         if not isinstance(calls, list):
             return
         for call in calls:
-            if not isinstance(call, dict) or not isinstance(call.get("index"), int):
+            if not isinstance(call, dict) or not isinstance(call.get(INDEX), int):
                 continue
-            slot = state.calls.setdefault(call["index"], {"id": None, "name": "", "arguments": ""})
-            fn = call.get("function") or {}
-            slot["id"] = call.get("id") or slot["id"]
-            slot["name"] += fn.get("name") or ""
-            slot["arguments"] += fn.get("arguments") or ""
+            slot = state.calls.setdefault(call[INDEX], {"id": None, "name": "", "arguments": ""})
+            fn = call.get(FUNCTION) or {}
+            slot["id"] = call.get(co.ID) or slot["id"]
+            slot["name"] += fn.get(co.NAME) or ""
+            slot["arguments"] += fn.get(co.ARGUMENTS) or ""
         if self.ctx.policy is not None:  # held until the choice finishes
-            delta.pop("tool_calls", None)
+            delta.pop(TOOL_CALLS, None)
 
     def _release_calls(
         self, index: int, state: _ChoiceState, finish: str
@@ -419,21 +401,15 @@ class ChoiceStreamRewriter:
             if ctx.policy is None:
                 continue  # already streamed as they came
             if record.allowed:
-                call = {
-                    "index": allowed,
-                    "id": slot["id"],
-                    "type": "function",
-                    "function": {"name": slot["name"], "arguments": slot["arguments"]},
-                }
-                events.append(self._out([{"index": index, "delta": {"tool_calls": [call]},
-                                          "logprobs": None, "finish_reason": None}]))  # fmt: skip
+                call = {INDEX: allowed, **co.tool_call(slot["id"], slot["name"], slot["arguments"])}
+                events.append(self._out([co.delta_choice(index, co.tool_calls_delta(call))]))
                 allowed += 1
             else:
                 refused = True
         if refused:
             events.append(self._out([self.adapter._text_delta(index, ctx.policy.refusal)]))
-            if not allowed and finish == "tool_calls":
-                finish = "stop"
+            if not allowed and finish == co.FINISH_TOOL_CALLS:
+                finish = co.FINISH_STOP
         return events, finish
 
     def _stop(self, index: int, state: _ChoiceState, step) -> list[Event]:
@@ -445,15 +421,15 @@ class ChoiceStreamRewriter:
             ctx.error_code = "guardrail_blocked"
             self.cut = True
             return [Event(error_payload(step.stop)), Event("[DONE]")]
-        ctx.finish_reason = "content_filter"
+        ctx.finish_reason = co.FINISH_CONTENT_FILTER
         ctx.output_started()
         events = [
             self._out([self.adapter._text_delta(index, step.replacement)]),
-            self._out([self.adapter._finish_delta(index, "content_filter")]),
+            self._out([self.adapter._finish_delta(index, co.FINISH_CONTENT_FILTER)]),
         ]
         if sum(s.closed for s in self.choices.values()) >= self.expected:
             self.cut = True  # every choice answered: the rest of the generation is not needed
             if ctx.client_include_usage or ctx.client_continuous_usage:
-                events.append(Event({**self.envelope, "choices": [], "usage": ctx.usage}))
+                events.append(Event({**co.chunk(self.envelope, []), USAGE: ctx.usage}))
             events.append(Event("[DONE]"))
         return events

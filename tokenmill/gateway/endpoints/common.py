@@ -14,6 +14,8 @@ from tokenmill.gateway.guardrails import (
     check_output_async,
 )
 from tokenmill.gateway.tool_policy import ToolPolicy, check_tool_call
+from tokenmill.openai.completion_objects import CONTENT, TEXT
+from tokenmill.openai.errors import INVALID_REQUEST, error_body
 
 
 @dataclass
@@ -33,13 +35,13 @@ class TextRef:
 
 def content_refs(item: dict[str, Any]) -> list[TextRef]:
     """The text of a message's `content`: a string, or the `text` of each part."""
-    content = item.get("content")
+    content = item.get(CONTENT)
     if isinstance(content, str):
-        return [TextRef(item, "content")]
+        return [TextRef(item, CONTENT)]
     if not isinstance(content, list):
         return []
     return [
-        TextRef(part, "text")
+        TextRef(part, TEXT)
         for part in content
         if isinstance(part, dict) and isinstance(part.get("text"), str)
     ]
@@ -155,11 +157,4 @@ def blocked_message(decision: Decision) -> str:
 
 
 def error_payload(decision: Decision) -> dict[str, Any]:
-    return {
-        "error": {
-            "message": blocked_message(decision),
-            "type": "invalid_request_error",
-            "param": None,
-            "code": "guardrail_blocked",
-        }
-    }
+    return error_body(blocked_message(decision), INVALID_REQUEST, None, "guardrail_blocked")

@@ -17,30 +17,25 @@ from tokenmill.gateway.endpoints.common import (
     content_refs,
 )
 from tokenmill.gateway.sse import Event
-
-
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+from tokenmill.openai import responses_objects as ro
+from tokenmill.openai.responses_objects import (
+    CONTENT,
+    CONTENT_INDEX,
+    DELTA,
+    ITEM,
+    ITEM_ID,
+    OUTPUT,
+    OUTPUT_INDEX,
+    PART,
+    RESPONSE,
+    SEQUENCE_NUMBER,
+    TEXT,
+    TYPE,
+)
 
 
 def _message_item(text: str) -> dict[str, Any]:
-    return {
-        "id": "msg_" + uuid.uuid4().hex,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [_text_part(text)],
-    }
-
-
-def _usage(input_tokens: int = 0, cached: int = 0, output_tokens: int = 0) -> dict[str, Any]:
-    return {
-        "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": cached},
-        "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": input_tokens + output_tokens,
-    }
+    return ro.message_item("msg_" + uuid.uuid4().hex, [ro.text_part(text)], "completed")
 
 
 class ResponsesAdapter:
@@ -74,92 +69,57 @@ class ResponsesAdapter:
 
     def fallback_json(self, body: dict[str, Any], text: str, ctx: ExchangeContext) -> dict:
         now = int(time.time())
-        return {
-            "id": "resp_" + uuid.uuid4().hex,
-            "object": "response",
-            "created_at": now,
-            "completed_at": now,
-            "status": "completed",
-            "model": ctx.model,
-            "output": [_message_item(text)],
-            "usage": _usage(),
-            "error": None,
-            "incomplete_details": None,
-            "instructions": None,
-            "max_output_tokens": None,
-            "metadata": {},
-            "parallel_tool_calls": True,
-            "previous_response_id": None,
-            "temperature": 1.0,
-            "top_p": 1.0,
-            "tool_choice": "auto",
-            "tools": [],
-            "text": {"format": {"type": "text"}},
-            "truncation": "disabled",
-            "user": None,
-            "background": False,
-        }
+        usage = ro.usage(0, 0, 0, cache_write_tokens=None)
+        return ro.response_object(
+            "resp_" + uuid.uuid4().hex, now, "completed", ro.settings(ctx.model),
+            [_message_item(text)], usage, completed_at=now,
+        )  # fmt: skip
 
     def fallback_events(self, body: dict[str, Any], text: str, ctx: ExchangeContext) -> list:
         done = self.fallback_json(body, text, ctx)
-        start = {**done, "status": "in_progress", "output": [], "usage": None, "completed_at": None}
-        item = done["output"][0]
-        opened = {**item, "status": "in_progress", "content": []}
-        ref = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+        start = {**done, ro.STATUS: "in_progress", OUTPUT: [], ro.USAGE: None, "completed_at": None}
         raw = [
-            {"type": "response.created", "response": start},
-            {"type": "response.in_progress", "response": start},
-            {"type": "response.output_item.added", "output_index": 0, "item": opened},
-            {"type": "response.content_part.added", **ref, "part": _text_part("")},
-            {"type": "response.output_text.delta", **ref, "delta": text, "logprobs": []},
-            {"type": "response.output_text.done", **ref, "text": text, "logprobs": []},
-            {"type": "response.content_part.done", **ref, "part": _text_part(text)},
-            {"type": "response.output_item.done", "output_index": 0, "item": item},
-            {"type": "response.completed", "response": done},
+            ro.response_event(ro.RESPONSE_CREATED, start),
+            ro.response_event(ro.RESPONSE_IN_PROGRESS, start),
+            *ro.message_events(0, done[OUTPUT][0], text),
+            ro.response_event(ro.RESPONSE_COMPLETED, done),
         ]
-        return [Event({**ev, "sequence_number": i}, ev["type"]) for i, ev in enumerate(raw)]
+        return [Event({**ev, SEQUENCE_NUMBER: i}, ev[TYPE]) for i, ev in enumerate(raw)]
 
     # ------------------------------------------------------------ output
 
     def usage_of(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        usage = obj.get("usage")
+        usage = obj.get(ro.USAGE)
         return usage if isinstance(usage, dict) else None
 
     def tokens(self, usage: dict[str, Any] | None) -> tuple[int, int, int]:
-        if not isinstance(usage, dict):
-            return 0, 0, 0
-        details = usage.get("input_tokens_details") or {}
-        return (
-            int(usage.get("input_tokens") or 0),
-            int(details.get("cached_tokens") or 0),
-            int(usage.get("output_tokens") or 0),
-        )
+        return ro.usage_tokens(usage)
 
     async def transform_json(
         self, obj: dict[str, Any], ctx: ExchangeContext
     ) -> dict[str, Any] | None:
-        if obj.get("object") != "response":
+        if obj.get("object") != RESPONSE:
             return obj
         ctx.usage = self.usage_of(obj)
-        ctx.finish_reason = ctx.finish_reason or obj.get("status")
-        output = obj.get("output")
+        ctx.finish_reason = ctx.finish_reason or obj.get(ro.STATUS)
+        output = obj.get(OUTPUT)
         if not isinstance(output, list):
             return obj
         for i, item in enumerate(output):
             if not isinstance(item, dict):
                 continue
-            if item.get("type") == "message":
-                for part in item.get("content") or []:
-                    text = part.get("text") if isinstance(part, dict) else None
+            if item.get(TYPE) == ro.MESSAGE:
+                for part in item.get(CONTENT) or []:
+                    text = part.get(TEXT) if isinstance(part, dict) else None
                     if not isinstance(text, str) or not text:
                         continue
                     step = await TextFilter(ctx).whole(text)
                     if step.stop is not None and step.replacement is None:
                         ctx.error_code = "guardrail_blocked"
                         return None
-                    part["text"] = step.replacement if step.replacement is not None else step.emit
-            elif item.get("type") == "function_call":
-                record = ctx.check_call(str(item.get("name", "")), str(item.get("arguments", "")))
+                    part[TEXT] = step.replacement if step.replacement is not None else step.emit
+            elif item.get(TYPE) == ro.FUNCTION_CALL:
+                record = ctx.check_call(str(item.get(ro.NAME, "")), str(item.get(ro.ARGUMENTS, "")))
                 if not record.allowed and ctx.policy is not None:
                     output[i] = _message_item(ctx.policy.refusal)
         return obj
@@ -182,12 +142,12 @@ class ResponsesStreamRewriter:
         self.cut = False
 
     def _emit(self, ev: dict[str, Any]) -> Event:
-        ev = {**ev, "sequence_number": self.seq}
+        ev = {**ev, SEQUENCE_NUMBER: self.seq}
         self.seq += 1
-        return Event(ev, ev.get("type"))
+        return Event(ev, ev.get(TYPE))
 
     def _filter(self, ev: dict[str, Any]) -> TextFilter:
-        key = (str(ev.get("item_id")), int(ev.get("content_index") or 0))
+        key = _text_key(ev)
         f = self.filters.get(key)
         if f is None:
             f = self.filters[key] = TextFilter(self.ctx)
@@ -197,29 +157,29 @@ class ResponsesStreamRewriter:
         ev = event.data
         if self.cut or not isinstance(ev, dict):
             return []
-        kind = ev.get("type", "")
-        index = ev.get("output_index")
+        kind = ev.get(TYPE, "")
+        index = ev.get(OUTPUT_INDEX)
         if index in self.held:
             self.held[index].append(event)
-            return self._close_call(index, ev) if kind == "response.output_item.done" else []
-        if kind == "response.output_item.added" and self.ctx.policy is not None:
-            item = ev.get("item") or {}
-            if item.get("type") == "function_call" and isinstance(index, int):
+            return self._close_call(index, ev) if kind == ro.OUTPUT_ITEM_DONE else []
+        if kind == ro.OUTPUT_ITEM_ADDED and self.ctx.policy is not None:
+            item = ev.get(ITEM) or {}
+            if item.get(TYPE) == ro.FUNCTION_CALL and isinstance(index, int):
                 self.held[index] = [event]
                 return []
-        if kind == "response.output_text.delta":
-            key = (str(ev.get("item_id")), int(ev.get("content_index") or 0))
+        if kind == ro.OUTPUT_TEXT_DELTA:
+            key = _text_key(ev)
             if key in self.stopped:
                 return []
-            step = self._filter(ev).feed(str(ev.get("delta") or ""))
+            step = self._filter(ev).feed(str(ev.get(DELTA) or ""))
             if step.stop is not None:
                 return self._stop(ev, key, step)
             if not step.emit:
                 return []
             self.ctx.output_started()
-            return [self._emit({**ev, "delta": step.emit})]
-        if kind == "response.output_text.done":
-            key = (str(ev.get("item_id")), int(ev.get("content_index") or 0))
+            return [self._emit({**ev, DELTA: step.emit})]
+        if kind == ro.OUTPUT_TEXT_DONE:
+            key = _text_key(ev)
             out = []
             if key not in self.stopped:
                 f = self._filter(ev)
@@ -228,34 +188,30 @@ class ResponsesStreamRewriter:
                     return self._stop(ev, key, step)
                 if step.emit:
                     self.ctx.output_started()
-                    delta = {
-                        k: ev[k] for k in ("item_id", "output_index", "content_index") if k in ev
-                    }
-                    out.append(self._emit({"type": "response.output_text.delta", **delta,
-                                           "delta": step.emit, "logprobs": []}))  # fmt: skip
-            return [*out, self._emit({**ev, "text": self._text_of(ev)})]
-        if kind == "response.content_part.done":
-            part = ev.get("part")
-            if isinstance(part, dict) and "text" in part:
-                part = {**part, "text": self._text_of(ev)}
-            return [self._emit({**ev, "part": part})]
-        if kind == "response.output_item.done":
-            item = ev.get("item")
-            if isinstance(item, dict) and item.get("type") == "function_call":  # no policy: audit
-                self.ctx.check_call(str(item.get("name", "")), str(item.get("arguments", "")))
-            return [self._emit({**ev, "item": self._patch_item(item)})]
-        if kind in ("response.completed", "response.incomplete", "response.failed"):
-            response = ev.get("response")
+                    out.append(self._emit(ro.output_text_delta(ro.text_ref_of(ev), step.emit)))
+            return [*out, self._emit({**ev, TEXT: self._text_of(ev)})]
+        if kind == ro.CONTENT_PART_DONE:
+            part = ev.get(PART)
+            if isinstance(part, dict) and TEXT in part:
+                part = {**part, TEXT: self._text_of(ev)}
+            return [self._emit({**ev, PART: part})]
+        if kind == ro.OUTPUT_ITEM_DONE:
+            item = ev.get(ITEM)
+            if isinstance(item, dict) and item.get(TYPE) == ro.FUNCTION_CALL:  # no policy: audit
+                self.ctx.check_call(str(item.get(ro.NAME, "")), str(item.get(ro.ARGUMENTS, "")))
+            return [self._emit({**ev, ITEM: self._patch_item(item)})]
+        if kind in ro.TERMINAL_EVENTS:
+            response = ev.get(RESPONSE)
             if isinstance(response, dict):
                 self.ctx.usage = self.adapter.usage_of(response)
-                self.ctx.finish_reason = self.ctx.finish_reason or response.get("status")
-                output = response.get("output")
+                self.ctx.finish_reason = self.ctx.finish_reason or response.get(ro.STATUS)
+                output = response.get(OUTPUT)
                 if isinstance(output, list):
-                    response = {**response, "output": [
+                    response = {**response, OUTPUT: [
                         self.replaced.get(i) or self._patch_item(item) for i, item in enumerate(output)
                     ]}  # fmt: skip
-            return [self._emit({**ev, "response": response})]
-        if kind == "error":
+            return [self._emit({**ev, RESPONSE: response})]
+        if kind == ro.ERROR_EVENT:
             self.ctx.error_code = self.ctx.error_code or "upstream_error"
         return [self._emit(ev)]
 
@@ -263,15 +219,15 @@ class ResponsesStreamRewriter:
         return self._filter(ev).text
 
     def _patch_item(self, item: Any) -> Any:
-        if not isinstance(item, dict) or item.get("type") != "message":
+        if not isinstance(item, dict) or item.get(TYPE) != ro.MESSAGE:
             return item
         content = []
-        for i, part in enumerate(item.get("content") or []):
-            key = (str(item.get("id")), i)
-            if isinstance(part, dict) and "text" in part and key in self.filters:
-                part = {**part, "text": self.filters[key].text}
+        for i, part in enumerate(item.get(CONTENT) or []):
+            key = (str(item.get(ro.ID)), i)
+            if isinstance(part, dict) and TEXT in part and key in self.filters:
+                part = {**part, TEXT: self.filters[key].text}
             content.append(part)
-        return {**item, "content": content}
+        return {**item, CONTENT: content}
 
     def _stop(self, ev: dict[str, Any], key: tuple[str, int], step) -> list[Event]:
         ctx = self.ctx
@@ -279,38 +235,25 @@ class ResponsesStreamRewriter:
         if step.replacement is None:
             ctx.error_code = "guardrail_blocked"
             self.cut = True
-            return [self._emit({"type": "error", "code": "guardrail_blocked",
-                                "message": blocked_message(step.stop), "param": None})]  # fmt: skip
+            return [self._emit(ro.error_event("guardrail_blocked", blocked_message(step.stop)))]
         f = self.filters[key]
         f.emitted.append(step.replacement)
         ctx.finish_reason = "content_filter"
         ctx.output_started()
-        delta = {k: ev[k] for k in ("item_id", "output_index", "content_index") if k in ev}
-        return [self._emit({"type": "response.output_text.delta", **delta,
-                            "delta": step.replacement, "logprobs": []})]  # fmt: skip
+        return [self._emit(ro.output_text_delta(ro.text_ref_of(ev), step.replacement))]
 
     def _close_call(self, index: int, done: dict[str, Any]) -> list[Event]:
         events = self.held.pop(index)
-        item = done.get("item") or {}
-        record = self.ctx.check_call(str(item.get("name", "")), str(item.get("arguments", "")))
+        item = done.get(ITEM) or {}
+        record = self.ctx.check_call(str(item.get(ro.NAME, "")), str(item.get(ro.ARGUMENTS, "")))
         if record.allowed:
             return [self._emit(e.data) for e in events]
-        refusal = _message_item(self.ctx.policy.refusal if self.ctx.policy else "")
+        text = self.ctx.policy.refusal if self.ctx.policy else ""
+        refusal = _message_item(text)
         self.replaced[index] = refusal
-        text = refusal["content"][0]["text"]
-        ref = {"item_id": refusal["id"], "output_index": index, "content_index": 0}
-        opened = {**refusal, "status": "in_progress", "content": []}
-        return [
-            self._emit(
-                {"type": "response.output_item.added", "output_index": index, "item": opened}
-            ),
-            self._emit({"type": "response.content_part.added", **ref, "part": _text_part("")}),
-            self._emit(
-                {"type": "response.output_text.delta", **ref, "delta": text, "logprobs": []}
-            ),
-            self._emit({"type": "response.output_text.done", **ref, "text": text, "logprobs": []}),
-            self._emit({"type": "response.content_part.done", **ref, "part": _text_part(text)}),
-            self._emit(
-                {"type": "response.output_item.done", "output_index": index, "item": refusal}
-            ),
-        ]
+        return [self._emit(ev) for ev in ro.message_events(index, refusal, text)]
+
+
+def _text_key(ev: dict[str, Any]) -> tuple[str, int]:
+    """The content part a text event is about."""
+    return (str(ev.get(ITEM_ID)), int(ev.get(CONTENT_INDEX) or 0))

@@ -12,9 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from tokenmill.openai.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.server.errors import APIError, bad_request
 from tokenmill.server.json_body import validation_error
-from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.server.serving_chat import create_chat_completion
 from tokenmill.server.serving_completion import create_completion
 from tokenmill.server.state import ServerState

@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from tokenmill.server.protocol import APIModel
-from tokenmill.server.responses.protocol import Metadata
+from tokenmill.openai.protocol import APIModel
+from tokenmill.openai.responses_protocol import Metadata
 
 
 class BatchCreateRequest(APIModel):

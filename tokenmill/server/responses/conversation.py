@@ -7,8 +7,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from tokenmill.server.errors import bad_request
-from tokenmill.server.protocol import (
+from tokenmill.openai import responses_objects as ro
+from tokenmill.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     FunctionCall,
@@ -20,7 +20,7 @@ from tokenmill.server.protocol import (
     Tool,
     ToolCall,
 )
-from tokenmill.server.responses.protocol import (
+from tokenmill.openai.responses_protocol import (
     MAX_CONTEXT_ITEMS,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -28,6 +28,7 @@ from tokenmill.server.responses.protocol import (
     MessageItem,
     ResponsesRequest,
 )
+from tokenmill.server.errors import bad_request
 
 Item = dict[str, Any]
 
@@ -39,58 +40,48 @@ def item_id(prefix: str) -> str:
 def input_items(req: ResponsesRequest) -> list[Item]:
     """The request's input as stored items (OpenAI's item shapes, each with an id)."""
     if isinstance(req.input, str):
-        return [_message("user", [{"type": "input_text", "text": req.input}])]
+        return [_message("user", [{ro.TYPE: ro.INPUT_TEXT, ro.TEXT: req.input}])]
     out = []
     for item in req.input:
         if isinstance(item, MessageItem):
             out.append(_message(item.role, _parts(item), item.id))
         elif isinstance(item, FunctionCallItem):
+            call_id, name, arguments = item.call_id, item.name, item.arguments
             out.append(
-                {
-                    "id": item.id or item_id("fc"),
-                    "type": "function_call",
-                    "call_id": item.call_id,
-                    "name": item.name,
-                    "arguments": item.arguments,
-                    "status": "completed",
-                }
+                ro.function_call_item(
+                    item.id or item_id("fc"), call_id, name, arguments, "completed"
+                )
             )
         else:
             assert isinstance(item, FunctionCallOutputItem)
             out.append(
                 {
-                    "id": item.id or item_id("fco"),
-                    "type": "function_call_output",
+                    ro.ID: item.id or item_id("fco"),
+                    ro.TYPE: ro.FUNCTION_CALL_OUTPUT,
                     "call_id": item.call_id,
-                    "output": item.text(),
-                    "status": "completed",
+                    ro.OUTPUT: item.text(),
+                    ro.STATUS: "completed",
                 }
             )
     return out
 
 
 def _message(role: str, content: list[dict[str, Any]], id_: str | None = None) -> Item:
-    return {
-        "id": id_ or item_id("msg"),
-        "type": "message",
-        "role": role,
-        "status": "completed",
-        "content": content,
-    }
+    return ro.message_item(id_ or item_id("msg"), content, "completed", role)
 
 
 def _parts(item: MessageItem) -> list[dict[str, Any]]:
     """Assistant text is output_text, everything else input_text (as OpenAI stores them)."""
-    kind = "output_text" if item.role == "assistant" else "input_text"
-    extra: dict[str, Any] = {"annotations": []} if kind == "output_text" else {}
+    kind = ro.OUTPUT_TEXT if item.role == ro.ASSISTANT else ro.INPUT_TEXT
+    extra: dict[str, Any] = {"annotations": []} if kind == ro.OUTPUT_TEXT else {}
     if isinstance(item.content, str):
-        return [{"type": kind, "text": item.content, **extra}]
+        return [{ro.TYPE: kind, ro.TEXT: item.content, **extra}]
     parts = []
     for p in item.content:
-        if p.type == "refusal":
-            parts.append({"type": "refusal", "refusal": p.refusal})
+        if p.type == ro.REFUSAL:
+            parts.append({ro.TYPE: ro.REFUSAL, ro.REFUSAL: p.refusal})
         else:
-            parts.append({"type": kind, "text": p.text, **extra})
+            parts.append({ro.TYPE: kind, ro.TEXT: p.text, **extra})
     return parts
 
 
@@ -108,9 +99,9 @@ def context_items(previous: list[Item], new: list[Item], truncation: str) -> lis
         items = items[-MAX_CONTEXT_ITEMS:]
     calls: set[str] = set()
     for i, item in enumerate(items):
-        if item["type"] == "function_call":
+        if item[ro.TYPE] == ro.FUNCTION_CALL:
             calls.add(item["call_id"])
-        elif item["type"] == "function_call_output" and item["call_id"] not in calls:
+        elif item[ro.TYPE] == ro.FUNCTION_CALL_OUTPUT and item["call_id"] not in calls:
             where = i - (len(items) - len(new))
             param = f"input.{where}.call_id" if where >= 0 else "previous_response_id"
             raise bad_request(
@@ -127,7 +118,7 @@ def cut_points(items: list[Item]) -> list[int]:
     return [
         i
         for i, it in enumerate(items)
-        if i > 0 and it["type"] == "message" and it["role"] == "user"
+        if i > 0 and it[ro.TYPE] == ro.MESSAGE and it["role"] == "user"
     ]
 
 
@@ -136,14 +127,14 @@ def chat_messages(items: list[Item], instructions: str | None) -> list[ChatMessa
     if instructions is not None:
         out.append(ChatMessage(role="system", content=instructions))
     for item in items:
-        kind = item["type"]
-        if kind == "message":
-            text = "".join(p.get("text", p.get("refusal", "")) for p in item["content"])
+        kind = item[ro.TYPE]
+        if kind == ro.MESSAGE:
+            text = "".join(p.get(ro.TEXT, p.get(ro.REFUSAL, "")) for p in item[ro.CONTENT])
             out.append(ChatMessage(role=item["role"], content=text))
-        elif kind == "function_call":
+        elif kind == ro.FUNCTION_CALL:
             call = ToolCall(
                 id=item["call_id"],
-                function=FunctionCall(name=item["name"], arguments=item["arguments"]),
+                function=FunctionCall(name=item[ro.NAME], arguments=item[ro.ARGUMENTS]),
             )
             # calls after an assistant message (or after each other) are one assistant turn
             last = out[-1] if out else None
@@ -153,7 +144,7 @@ def chat_messages(items: list[Item], instructions: str | None) -> list[ChatMessa
                 out.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
         else:
             out.append(
-                ChatMessage(role="tool", content=item["output"], tool_call_id=item["call_id"])
+                ChatMessage(role="tool", content=item[ro.OUTPUT], tool_call_id=item["call_id"])
             )
     return out
 

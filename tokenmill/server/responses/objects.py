@@ -7,20 +7,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenmill.server.responses.protocol import FunctionToolChoice, ResponsesRequest
+from tokenmill.openai import responses_objects as ro
+from tokenmill.openai.responses_protocol import FunctionToolChoice, ResponsesRequest
 
 Status = str  # queued | in_progress | completed | incomplete | failed | cancelled
 
 
 def usage(input_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
-        "input_tokens": input_tokens,
-        # cache writes are not measured (prefix caching stores every full block it computes)
-        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
-        "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": input_tokens + output_tokens,
-    }
+    # cache writes are not measured (prefix caching stores every full block it computes)
+    return ro.usage(input_tokens, output_tokens, cached_tokens, cache_write_tokens=0)
 
 
 def _text_config(req: ResponsesRequest) -> dict[str, Any]:
@@ -42,24 +37,24 @@ def _tool_choice(req: ResponsesRequest) -> Any:
 
 def echo(req: ResponsesRequest, model: str) -> dict[str, Any]:
     """The request's settings, as every response object repeats them."""
-    return {
-        "model": model,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "previous_response_id": req.previous_response_id,
-        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
-        "tool_choice": _tool_choice(req),
-        "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
-        "text": _text_config(req),
-        "truncation": req.truncation,
-        "metadata": req.metadata or {},
-        "user": req.user,
-        "background": req.background,
-        "reasoning": {"effort": None, "summary": None},
-        "service_tier": "default",
-    }
+    return ro.settings(
+        model,
+        instructions=req.instructions,
+        max_output_tokens=req.max_output_tokens,
+        previous_response_id=req.previous_response_id,
+        tools=[t.model_dump(exclude_none=True) for t in req.tools or []],
+        tool_choice=_tool_choice(req),
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        text=_text_config(req),
+        truncation=req.truncation,
+        metadata=req.metadata,
+        user=req.user,
+        background=req.background,
+        reasoning={"effort": None, "summary": None},
+        service_tier="default",
+    )
 
 
 @dataclass
@@ -88,17 +83,15 @@ class ResponseObject:
         self.error = {"code": code, "message": message}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": self.status,
-            "completed_at": self.completed_at,
-            "error": self.error,
-            "incomplete_details": (
-                {"reason": self.incomplete_reason} if self.incomplete_reason else None
-            ),
-            **self.settings,
-            "output": self.output,
-            "usage": self.usage,
-        }
+        reason = self.incomplete_reason
+        return ro.response_object(
+            self.id,
+            self.created_at,
+            self.status,
+            self.settings,
+            self.output,
+            self.usage,
+            completed_at=self.completed_at,
+            error=self.error,
+            incomplete_details={"reason": reason} if reason else None,
+        )

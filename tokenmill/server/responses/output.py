@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from tokenmill.openai import responses_objects as ro
 from tokenmill.server.responses.conversation import item_id
 from tokenmill.structured.tools import (
     ContentDelta,
@@ -20,10 +21,6 @@ from tokenmill.structured.tools import (
 )
 
 Event = dict[str, Any]
-
-
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 class OutputBuilder:
@@ -77,59 +74,28 @@ class OutputBuilder:
         if self._message is None:
             self._open_message(events)
         self._text.append(text)
-        events.append(
-            {
-                "type": "response.output_text.delta",
-                **self._text_ref(),
-                "delta": text,
-                "logprobs": [],
-            }
-        )
+        events.append(ro.output_text_delta(self._text_ref(), text))
 
     def _text_ref(self) -> dict[str, Any]:
         assert self._message is not None
-        return {
-            "item_id": self.items[self._message]["id"],
-            "output_index": self._message,
-            "content_index": 0,
-        }
+        return ro.text_ref(self.items[self._message][ro.ID], self._message)
 
     def _open_message(self, events: list[Event]) -> None:
         self._message = len(self.items)
-        item = {
-            "id": item_id("msg"),
-            "type": "message",
-            "role": "assistant",
-            "status": "in_progress",
-            "content": [],
-        }
+        item = ro.message_item(item_id("msg"), [], "in_progress")
         self.items.append(item)
-        events.append(
-            {
-                "type": "response.output_item.added",
-                "output_index": self._message,
-                "item": _copy(item),
-            }
-        )
-        events.append(
-            {"type": "response.content_part.added", **self._text_ref(), "part": _text_part("")}
-        )
+        events.append(ro.output_item_added(self._message, _copy(item)))
+        events.append(ro.content_part_added(self._text_ref(), ro.text_part("")))
 
     def _close_message(self, events: list[Event], incomplete: bool) -> None:
         text = "".join(self._text)
         item = self.items[self._message]
-        item["content"] = [_text_part(text)]
-        item["status"] = "incomplete" if incomplete else "completed"
+        item[ro.CONTENT] = [ro.text_part(text)]
+        item[ro.STATUS] = "incomplete" if incomplete else "completed"
         ref = self._text_ref()
-        events.append({"type": "response.output_text.done", **ref, "text": text, "logprobs": []})
-        events.append({"type": "response.content_part.done", **ref, "part": _text_part(text)})
-        events.append(
-            {
-                "type": "response.output_item.done",
-                "output_index": self._message,
-                "item": _copy(item),
-            }
-        )
+        events.append(ro.output_text_done(ref, text))
+        events.append(ro.content_part_done(ref, ro.text_part(text)))
+        events.append(ro.output_item_done(self._message, _copy(item)))
 
     # ------------------------------------------------------------ calls
 
@@ -141,30 +107,15 @@ class OutputBuilder:
         elif isinstance(ev, ToolCallStart):
             index = len(self.items)
             self._calls[ev.index] = index
-            item = {
-                "id": item_id("fc"),
-                "type": "function_call",
-                "call_id": f"call_{uuid.uuid4().hex[:24]}",
-                "name": ev.name,
-                "arguments": "",
-                "status": "in_progress",
-            }
+            call_id = f"call_{uuid.uuid4().hex[:24]}"
+            item = ro.function_call_item(item_id("fc"), call_id, ev.name, "", "in_progress")
             self.items.append(item)
-            events.append(
-                {"type": "response.output_item.added", "output_index": index, "item": _copy(item)}
-            )
+            events.append(ro.output_item_added(index, _copy(item)))
         elif isinstance(ev, ToolCallArgumentsDelta) and ev.text:
             index = self._calls[ev.index]
             item = self.items[index]
-            item["arguments"] += ev.text
-            events.append(
-                {
-                    "type": "response.function_call_arguments.delta",
-                    "item_id": item["id"],
-                    "output_index": index,
-                    "delta": ev.text,
-                }
-            )
+            item[ro.ARGUMENTS] += ev.text
+            events.append(ro.function_call_arguments_delta(item[ro.ID], index, ev.text))
 
     def _close_finished_calls(self, events: list[Event]) -> None:
         """Calls the parser has finished (complete, or cut off / malformed: incomplete)."""
@@ -175,20 +126,11 @@ class OutputBuilder:
             if index is None:
                 continue
             item = self.items[index]
-            item["status"] = "completed" if calls[n].valid else "incomplete"
-            events.append(
-                {
-                    "type": "response.function_call_arguments.done",
-                    "item_id": item["id"],
-                    "output_index": index,
-                    "arguments": item["arguments"],
-                }
-            )
-            events.append(
-                {"type": "response.output_item.done", "output_index": index, "item": _copy(item)}
-            )
+            item[ro.STATUS] = "completed" if calls[n].valid else "incomplete"
+            events.append(ro.function_call_arguments_done(item[ro.ID], index, item[ro.ARGUMENTS]))
+            events.append(ro.output_item_done(index, _copy(item)))
         self._closed_calls = len(calls)
 
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:
-    return {**item, "content": list(item["content"])} if "content" in item else dict(item)
+    return {**item, ro.CONTENT: list(item[ro.CONTENT])} if ro.CONTENT in item else dict(item)

@@ -11,10 +11,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tokenmill.engine.async_llm import GenerationRequest
+from tokenmill.openai.protocol import ChatCompletionRequest
+from tokenmill.openai.responses_protocol import ResponsesRequest
 from tokenmill.server.chat_prompt import request_tools
 from tokenmill.server.constraints import build_constraint, tools_to_force
 from tokenmill.server.errors import APIError, bad_request
-from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.responses.conversation import (
     Item,
     chat_request,
@@ -24,7 +25,6 @@ from tokenmill.server.responses.conversation import (
     item_id,
 )
 from tokenmill.server.responses.objects import ResponseObject, echo
-from tokenmill.server.responses.protocol import ResponsesRequest
 from tokenmill.server.responses.store import ResponseStore
 from tokenmill.server.sampling import sampling_params
 from tokenmill.server.serving_chat import parallel_calls, render_prompt

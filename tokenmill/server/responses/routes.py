@@ -10,11 +10,11 @@ from typing import Literal
 
 from fastapi import APIRouter, Query, Request
 
+from tokenmill.openai.responses_protocol import ITEM_ID, RESPONSE_ID, ResponsesRequest
 from tokenmill.server.body import parse_body
 from tokenmill.server.database import Database
 from tokenmill.server.errors import bad_request
 from tokenmill.server.responses.owner import request_owner
-from tokenmill.server.responses.protocol import ITEM_ID, RESPONSE_ID, ResponsesRequest
 from tokenmill.server.responses.serving import ResponsesService
 from tokenmill.server.responses.store import ResponseStore
 from tokenmill.server.state import ServerState

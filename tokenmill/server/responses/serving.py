@@ -14,13 +14,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.async_llm import OutputStream
+from tokenmill.openai import responses_objects as ro
+from tokenmill.openai.responses_protocol import ResponsesRequest
 from tokenmill.outputs import RequestOutput
 from tokenmill.server.errors import bad_request
 from tokenmill.server.generation import final_outputs, submit
 from tokenmill.server.responses.objects import usage
 from tokenmill.server.responses.output import Event, OutputBuilder
 from tokenmill.server.responses.prepare import Prepared, not_found, prepare
-from tokenmill.server.responses.protocol import ResponsesRequest
 from tokenmill.server.responses.store import ResponseStore
 from tokenmill.server.state import ServerState, engine_error, off_loop, sse
 
@@ -113,11 +114,11 @@ class ResponsesService:
         seq = itertools.count()
 
         def event(ev: Event) -> str:
-            return f"event: {ev['type']}\n" + sse({**ev, "sequence_number": next(seq)})
+            return f"event: {ev[ro.TYPE]}\n" + sse({**ev, ro.SEQUENCE_NUMBER: next(seq)})
 
         obj = p.obj
-        yield event({"type": "response.created", "response": obj.to_dict()})
-        yield event({"type": "response.in_progress", "response": obj.to_dict()})
+        yield event(ro.response_event(ro.RESPONSE_CREATED, obj.to_dict()))
+        yield event(ro.response_event(ro.RESPONSE_IN_PROGRESS, obj.to_dict()))
         builder = OutputBuilder(p.parse_tools, p.parallel)
         tokens = cached = 0
         reason: str | None = None
@@ -147,8 +148,8 @@ class ResponsesService:
             if not stream.finished:  # the client went away, or a failure
                 stream.abort()
         await self._save(p)
-        kind = "failed" if obj.status in ("failed", "cancelled") else obj.status
-        yield event({"type": f"response.{kind}", "response": obj.to_dict()})
+        terminal = {"completed": ro.RESPONSE_COMPLETED, "incomplete": ro.RESPONSE_INCOMPLETE}
+        yield event(ro.response_event(terminal.get(obj.status, ro.RESPONSE_FAILED), obj.to_dict()))
 
     # ------------------------------------------------------------ background
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from tokenmill.openai.protocol import KVDigestsRequest
 from tokenmill.server.body import parse_body
 from tokenmill.server.effective_config import effective_config
 from tokenmill.server.errors import APIError, bad_request
-from tokenmill.server.protocol import KVDigestsRequest
 from tokenmill.server.state import ServerState, engine_error, server_state
 
 router = APIRouter()

@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from tokenmill.openai.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.server.body import parse_body
-from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.server.serving_chat import create_chat_completion
 from tokenmill.server.serving_completion import create_completion
 from tokenmill.server.state import ServerState, server_state

@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from tokenmill.inputs.validation import first_outside
+from tokenmill.openai.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
 from tokenmill.server.body import parse_body
 from tokenmill.server.errors import bad_request
-from tokenmill.server.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
 from tokenmill.server.serving_chat import render_prompt
 from tokenmill.server.state import off_loop, server_state
 from tokenmill.server.tokenizer_info import tokenizer_info
