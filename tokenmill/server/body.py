@@ -13,7 +13,6 @@ from pydantic import BaseModel
 from tokenmill.server.cpu_pool import off_loop
 from tokenmill.server.errors import APIError
 from tokenmill.server.json_body import parse_model
-from tokenmill.server.json_body import validation_error as validation_error  # for api.py
 from tokenmill.server.parse_process import ParseProcess
 
 _OFF_LOOP_BYTES = 64 * 1024  # above: parsed in another process (~1 ms of work or more)
