@@ -118,10 +118,16 @@ class WeightPrefetch:
         return slot.value
 
     def close(self) -> None:
-        """Stops preparing and drops what was not taken."""
+        """Stops preparing, drops what was not taken and waits for the result the thread is
+        on (a big one takes ~0.1 s): the engine's warm-up and first requests then run their
+        OpenMP teams alone, not beside a third busy thread that would stall them."""
         with self._lock:
             self._stopped = True
             self._slots.clear()
+        if self._thread.is_alive():
+            t0 = time.monotonic()
+            self._thread.join()
+            self.seconds["stop"] = time.monotonic() - t0
 
     # ------------------------------------------------------------ the thread
 
