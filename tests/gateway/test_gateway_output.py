@@ -91,7 +91,7 @@ def test_audit_passes_every_byte_and_records_the_match(harness, stream):
         pieces = ["The Pro", "ject ", 'X plan is {"a": [1]} ', "ready."]
         text, _ = await chat(client(harness, key), pieces, stream)
         assert text == "".join(pieces)
-        assert events_of(harness, "project") == [("output", "audit", "Project X")]
+        assert events_of(harness, "project") == [("output", "audit", "project: P…X (9 chars)")]
 
     asyncio.run(main())
 
@@ -104,7 +104,7 @@ def test_redact_masks_output_split_across_chunks(harness, stream):
         text, _ = await chat(client(harness, key), pieces, stream)
         assert "jane.doe@example.com" not in text and "example.com" not in text
         assert text.startswith("Write to ") and text.endswith(" today.")
-        assert events_of(harness, "emails") == [("output", "redact", "jane.doe@example.com")]
+        assert events_of(harness, "emails") == [("output", "redact", "email: j…m (20 chars)")]  # never the match
 
     asyncio.run(main())
 
@@ -280,7 +280,7 @@ def test_audit_only_output_rules_hold_nothing_back(tmp_path):
             if ch.choices and ch.choices[0].delta.content
         ]
         assert contents == pieces  # each piece sent as it came
-        assert events_of(h, "project") == [("output", "audit", "Project X")]
+        assert events_of(h, "project") == [("output", "audit", "project: P…X (9 chars)")]
 
     asyncio.run(main())
     h.close()
