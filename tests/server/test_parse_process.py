@@ -40,14 +40,20 @@ def until(check, seconds: float = 30.0):
     return value
 
 
+def parser_info(srv) -> dict:
+    return httpx.get(f"{srv.base_url}/server_info", timeout=30).json()["parse_process"]
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_large_bodies_in_a_worker_answer_the_same_and_leave_no_orphan(tmp_path):
     srv = start_server(tmp_path)
     try:
+        assert parser_info(srv)["state"] == "off"  # started by the first large body
         big_ok = {"model": MODEL, "prompt": "word " * 20_000, "max_tokens": 1}
         too_long = httpx.post(f"{srv.v1}/completions", json=big_ok, timeout=60)
         assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "prompt"
-        worker = until(lambda: workers_of(srv.proc.pid))[0]
+        worker = until(lambda: parser_info(srv)["pid"])
+        assert workers_of(srv.proc.pid) == [worker]
         short = {"model": MODEL, "prompt": list(range(20, 30)), "max_tokens": 2, "ignore_eos": True,
                  "temperature": 0, "logit_bias": {str(i): 0.0 for i in range(2000)},
                  "stop": ["x" * 1000] * 16}  # fmt: skip
@@ -61,10 +67,16 @@ def test_large_bodies_in_a_worker_answer_the_same_and_leave_no_orphan(tmp_path):
         os.kill(worker, signal.SIGKILL)  # answered anyway, and a new worker takes over
         err = httpx.post(f"{srv.v1}/completions", json=bad, timeout=60).json()["error"]
         assert err["param"] == "prompt.0"
-        replaced = until(lambda: [w for w in workers_of(srv.proc.pid) if w != worker] or (
-            httpx.post(f"{srv.v1}/completions", json=bad, timeout=60) and None))  # fmt: skip
+
+        def replaced() -> int | None:
+            httpx.post(f"{srv.v1}/completions", json=bad, timeout=60)  # starts one if needed
+            pid = parser_info(srv)["pid"]
+            return pid if pid not in (None, worker) else None
+
+        new = until(replaced)
+        assert parser_info(srv)["starts"] == 2
         os.kill(srv.proc.pid, signal.SIGKILL)  # no shutdown: the worker must go by itself
         srv.proc.wait()
-        until(lambda: not os.path.exists(f"/proc/{replaced[0]}"), 10)
+        until(lambda: not os.path.exists(f"/proc/{new}"), 10)
     finally:
         srv.stop()

@@ -49,27 +49,45 @@ def _parse_here(body: bytes, model: type[BaseModel]) -> tuple[Any, ...]:
         return ("error", e.status, e.message, e.type, e.param, e.code)
 
 
+# starts in a server's life (a worker that dies is replaced; one that keeps dying is not)
+MAX_STARTS = 16
+
+
 class ParseProcess:
     def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
         self._ready = False
         self._starting: asyncio.Task | None = None
-        self._failed = False
+        self._starts = 0
 
     @property
     def ready(self) -> bool:
         return self._ready
 
+    def info(self) -> dict[str, Any]:
+        """For /server_info: off (no large body yet), starting, ready or failed."""
+        if self._ready:
+            state = "ready"
+        elif self._starting is not None:
+            state = "starting"
+        else:
+            state = "failed" if self._starts >= MAX_STARTS else "off"
+        procs = list(getattr(self._pool, "_processes", None) or {})
+        return {"state": state, "pid": procs[0] if procs and self._ready else None,
+                "starts": self._starts}  # fmt: skip
+
     def start(self) -> None:
-        """Starts the worker in the background (once); `ready` says when it can take work."""
-        if self._starting is not None or self._failed:
+        """Starts a worker in the background (one at a time); `ready` says when it can take
+        work."""
+        if self._starting is not None or self._ready or self._starts >= MAX_STARTS:
             return
+        self._starts += 1
         self._starting = asyncio.get_running_loop().create_task(self._start())
 
     async def _start(self) -> None:
         try:
             # spawn: the API process has threads, and a forked copy of their locks could hang
-            pool = ProcessPoolExecutor(
+            self._pool = pool = ProcessPoolExecutor(
                 max_workers=1,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker,
@@ -79,25 +97,32 @@ class ParseProcess:
             # as the server: PDEATHSIG fires when the thread that forked it ends
             warm = pool.submit(_parse_here, b'{"tokens": []}', DetokenizeRequest)
             await asyncio.wrap_future(warm)
-        except Exception:
-            logger.warning("request parsing stays in the API process", exc_info=True)
-            self._failed = True
+        except Exception:  # killed while starting, or no process at all: tried again later
+            logger.warning(
+                "parse process did not start (%d of %d starts); large bodies are parsed in the "
+                "API process meanwhile", self._starts, MAX_STARTS, exc_info=True,
+            )  # fmt: skip
+            self._discard()
             return
-        self._pool, self._ready = pool, True
+        self._ready, self._starting = True, None
+
+    def _discard(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool, self._ready, self._starting = None, False, None
 
     async def parse(self, body: bytes, model: type[BaseModel]) -> Any:
         assert self._pool is not None
         try:
             result = await asyncio.wrap_future(self._pool.submit(_parse_here, body, model))
         except BrokenProcessPool:  # the worker died (killed, out of memory): start another
-            self._pool.shutdown(wait=False)
-            self._pool, self._ready, self._starting = None, False, None
+            self._discard()
             raise
         if result[0] == "ok":
             return result[1]
         raise APIError(*result[1:])
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool, self._ready = None, False
+        if self._starting is not None:
+            self._starting.cancel()
+        self._discard()

@@ -60,6 +60,7 @@ async def server_info(request: Request):
         # every setting in force (serve --config FILE included), defaults too
         "config": effective_config(getattr(engine, "config", None), state.settings),
         "kv_transfer_stats": engine.stats.kv_transfer,
+        "parse_process": request.app.state.parse_process.info(),  # large bodies' parser
         "uptime_s": round(time.time() - state.started, 1),
         "startup": {
             "api": engine.profile.to_dict() if engine.profile is not None else None,
