@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tokenmill.engine import startup
+from tokenmill import platform
 from tokenmill.platform import run_at_low_priority
 
 
@@ -32,6 +32,6 @@ def test_only_the_helper_thread_is_lowered_and_its_result_or_error_comes_back():
 
 def test_elsewhere_nothing_is_reniced(monkeypatch):
     """On other systems a thread id is not a process id setpriority would accept safely."""
-    monkeypatch.setattr(startup.sys, "platform", "darwin")
+    monkeypatch.setattr(platform.sys, "platform", "darwin")
     monkeypatch.setattr(os, "setpriority", lambda *a: pytest.fail(f"setpriority{a}"))
     assert run_at_low_priority(lambda: 42) == 42
