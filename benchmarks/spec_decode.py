@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import results as results_file  # noqa: E402
 from benchmarks.throughput import MODEL_STEM, llama_cpp_dirs  # noqa: E402
 from tokenmill import LLM, SamplingParams  # noqa: E402
+from tokenmill.stats import SpecDecodeStats  # noqa: E402
 
 log = Console(stderr=True)
 EVALUATION_TEXT = Path(__file__).resolve().parents[1] / "tokenmill/quant/data/evaluation.txt"
@@ -150,7 +151,8 @@ def _serve_system(conn, kwargs: dict) -> None:
     llm = LLM(None, kv_cache_memory_gib=0.5, **kwargs)
     llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=8))
     conn.send("ready")
-    stats = llm.engine.core.drafter.stats
+    drafter = llm.engine.core.drafter  # None: speculation off (all counts stay 0)
+    stats = drafter.stats if drafter is not None else SpecDecodeStats()
     while (job := conn.recv()) is not None:
         d0, a0, t0 = stats.num_drafts, stats.num_accepted_tokens, stats.num_draft_tokens
         n, s = decode_one(llm, *job)
