@@ -19,6 +19,7 @@ from tokenmill.gateway.sse import Event, SSEParser
 from tokenmill.gateway.store.keys_table import StoredKey
 from tokenmill.gateway.store.records import GuardrailEvent, ToolCallEvent, UsageRecord
 from tokenmill.gateway.tool_policy import declared_tools
+from tokenmill.openai.errors import error_body
 
 logger = logging.getLogger("tokenmill.gateway")
 
@@ -41,7 +42,7 @@ def json_response(status: int, payload: dict[str, Any], headers: list | None = N
 
 
 def error_envelope(message: str, type_: str, code: str | None, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return error_body(message, type_, param, code)
 
 
 class Exchange:

@@ -15,6 +15,7 @@ from tokenmill.gateway.endpoints.chat import ChatAdapter, CompletionAdapter
 from tokenmill.gateway.endpoints.responses import ResponsesAdapter
 from tokenmill.gateway.exchange import Exchange, filtered_read
 from tokenmill.gateway.keys import bearer_token
+from tokenmill.openai.errors import INVALID_REQUEST, error_body
 
 ADAPTERS = {
     "/v1/chat/completions": ChatAdapter(),
@@ -78,16 +79,7 @@ class GatewayMiddleware:
 
 
 async def _unauthorized(send, message: str) -> None:
-    body = json.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "invalid_api_key",
-            }
-        }  # fmt: skip
-    ).encode()
+    body = json.dumps(error_body(message, INVALID_REQUEST, code="invalid_api_key")).encode()
     await send(
         {
             "type": "http.response.start",
