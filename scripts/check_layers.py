@@ -20,7 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "tokenmill"
 MAX_FUNCTION_LINES = 100
 
-_TYPES = {"sampling_params", "structured.spec", "outputs", "messages", "stats", "request"}
+_TYPES = {
+    "sampling_params", "pooling_params", "structured.spec", "outputs", "messages", "stats",
+    "request",
+}  # fmt: skip
 _FOUNDATION = {"version", "platform", "cache_dirs", "ports", "console", "config_file", "envs"}
 _CONFIG = {"config", "quant.plan", "quant.schemes", "quant.groups"}
 _ENGINE_PARTS = {
@@ -43,10 +46,11 @@ LAYERS: dict[str, set[str]] = {
     # neutral types: what a request asks for, what it produces, the engine core's messages
     "structured.spec": set(),
     "sampling_params": {"structured.spec"},
+    "pooling_params": set(),
     "outputs": set(),
     "stats": set(),
-    "messages": {"sampling_params", "stats"},
-    "request": {"sampling_params", "structured.spec"},
+    "messages": {"sampling_params", "pooling_params", "stats"},
+    "request": {"sampling_params", "pooling_params", "structured.spec"},
     "quant.schemes": set(),
     "quant.groups": set(),
     "quant.plan": {"quant.schemes", "quant.groups"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.stats import SchedulerStats
 
@@ -22,6 +23,7 @@ class EngineCoreRequest:
     priority: int = 0
     cache_salt: str | None = None
     kv_transfer_params: dict | None = None  # KVTransferParams.to_json()
+    pooling_params: PoolingParams | None = None  # an embedding request
 
 
 @dataclass
@@ -36,6 +38,7 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     # monotonic clock (system-wide) when the request was first scheduled; for queue-time metrics
     first_scheduled_time: float | None = None
+    pooled: list[float] | None = None  # a pooling request's vector (it finishes with it)
 
     @property
     def finished(self) -> bool:

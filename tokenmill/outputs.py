@@ -41,3 +41,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    pooled: list[float] | None = None  # a pooling (embedding) request's vector

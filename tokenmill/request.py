@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
 
 
@@ -43,6 +44,7 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -50,6 +52,12 @@ class Request:
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.priority = priority
         self.cache_salt = cache_salt
+        # a pooling (embedding) request: its prompt runs once, pooled instead of sampled
+        self.pooling_params = pooling_params
+        self.pooled_parts: dict[int, torch.Tensor] = {}  # chunk start -> pooled sum (MEAN)
+        self.skip_reading_prefix_cache = (
+            pooling_params is not None and pooling_params.needs_all_tokens
+        )
         self.block_hashes: list[bytes] = []  # chained hashes of full blocks, filled lazily
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []

@@ -25,6 +25,7 @@ from tokenmill.engine.startup import StartupProfile
 from tokenmill.messages import EngineCoreOutputs
 from tokenmill.model.model_files import ModelFiles, read_model_info
 from tokenmill.outputs import RequestOutput
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.stats import SchedulerStats
 from tokenmill.structured.spec import CONSTRAINT_FAILED, ConstraintFailedError
@@ -72,6 +73,7 @@ class GenerationRequest:
     priority: int = 0
     cache_salt: str | None = None
     kv_transfer_params: dict | None = None  # prefill/decode disaggregation (the router's)
+    pooling_params: PoolingParams | None = None  # an embedding: the prompt pooled, no tokens
 
 
 class OutputStream:
@@ -242,7 +244,7 @@ class AsyncLLM:
                 self._timing[r.request_id] = RequestTiming(now, len(r.prompt_token_ids))
                 core_requests += self.processor.make_requests(
                     r.request_id, r.prompt_token_ids, r.params, child_ids, now, r.priority,
-                    r.cache_salt, r.kv_transfer_params,
+                    r.cache_salt, r.kv_transfer_params, r.pooling_params,
                 )  # fmt: skip
             await self.client.add_requests(core_requests)
         except BaseException:

@@ -13,6 +13,7 @@ import zmq
 
 from tokenmill.cache_dirs import cache_root
 from tokenmill.config import EngineConfig, KernelConfig, SchedulerConfig, SpeculativeConfig
+from tokenmill.engine.pooling import ModelPooling, encoder_engine_config
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.inputs.validation import validate_params, validate_prompt
 from tokenmill.kernels import ops
@@ -96,6 +97,10 @@ class EngineCore:
         files = self._build_model(model_files, prefetch)
         arch = files.arch
         model_len = config.model_config.max_model_len or arch.max_position_embeddings
+        encoder_only = getattr(self.model, "encoder_only", False)
+        self.pooling = ModelPooling.for_model(files.path, arch.hidden_size, encoder_only)
+        if encoder_only:
+            self.config = config = encoder_engine_config(config, model_len)
         cache = config.cache_config
         kv_dtype = torch.float32
         num_blocks = cache.num_blocks_override or max(
@@ -297,6 +302,7 @@ class EngineCore:
     def add_request(self, req: EngineCoreRequest) -> None:
         validate_prompt(req.prompt_token_ids, self.vocab_size, self.max_model_len)
         validate_params(req.sampling_params, self.vocab_size)
+        pooling = self.pooling.resolve(req.pooling_params)
         transfer = self._transfer_params(req)
         bound = self.config.scheduler_config.max_waiting_requests
         if bound is not None and self.scheduler.num_waiting >= bound:
@@ -310,6 +316,7 @@ class EngineCore:
             arrival_time=req.arrival_time,
             priority=req.priority,
             cache_salt=req.cache_salt,
+            pooling_params=pooling,
         )
         params = req.sampling_params
         self.structured.init_request(request, params)
@@ -478,6 +485,7 @@ class EngineCore:
             merged.sampled_token_ids.update(result.sampled_token_ids)
             merged.logprobs.update(result.logprobs)
             merged.prompt_logprobs.update(result.prompt_logprobs)
+            merged.pooled.update(result.pooled)
             failures += failed
         return merged, failures
 

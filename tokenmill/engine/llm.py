@@ -9,6 +9,7 @@ from typing import Any
 from tokenmill.engine.arg_utils import EngineArgs
 from tokenmill.engine.processor import PromptType
 from tokenmill.outputs import RequestOutput
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
 Conversation = list[dict[str, Any]]
@@ -112,3 +113,35 @@ class LLM:
             if progress is not None:
                 progress.stop()
         return [finals[rid] for rid in ids]
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+    ) -> list[list[float]]:
+        """One pooled vector per prompt (vLLM's LLM.embed), batched through the scheduler."""
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        engine = self.engine
+        params = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
+        pooling = pooling_params or PoolingParams()
+        ids = []
+        try:
+            for prompt in prompts:  # type: ignore[union-attr]
+                ids.append(engine.new_request_id())
+                engine.add_request(ids[-1], prompt, params, pooling_params=pooling)
+        except Exception:
+            for rid in ids:
+                engine.abort_request(rid)
+            raise
+        vectors: dict[str, list[float]] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    if out.pooled is None:
+                        reason = out.outputs[0].stop_reason if out.outputs else None
+                        raise RuntimeError(f"request {out.request_id} failed: {reason}")
+                    vectors[out.request_id] = out.pooled
+        return [vectors[rid] for rid in ids]

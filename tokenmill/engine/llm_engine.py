@@ -12,6 +12,7 @@ from tokenmill.engine.processor import InputProcessor, PromptType
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.model.prefetch import WeightPrefetch
 from tokenmill.outputs import RequestOutput
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.quant.weights import load_for_plan
 from tokenmill.sampling_params import SamplingParams
 
@@ -45,14 +46,16 @@ class LLMEngine:
         params: SamplingParams,
         priority: int = 0,
         cache_salt: str | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         text, token_ids = self.processor.tokenize_prompt(prompt)
         self.processor.validate(token_ids, params)
         child_ids = self.output_processor.add_request(request_id, text, token_ids, params)
         try:
             for req in self.processor.make_requests(
-                request_id, token_ids, params, child_ids, time.monotonic(), priority, cache_salt
-            ):
+                request_id, token_ids, params, child_ids, time.monotonic(), priority, cache_salt,
+                pooling_params=pooling_params,
+            ):  # fmt: skip
                 self.core.add_request(req)
         except Exception:
             self.abort_request(request_id)

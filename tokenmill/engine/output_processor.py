@@ -55,6 +55,7 @@ class RequestState:
     prompt_logprobs: list[PositionLogprobDict | None] | None = None
     num_cached_tokens: int = 0
     first_token_time: float | None = None
+    pooled: list[float] | None = None  # a pooling request's vector
 
     @property
     def finished(self) -> bool:
@@ -144,6 +145,8 @@ class OutputProcessor:
         if state.first_token_time is None and out.new_token_ids:
             state.first_token_time = time.monotonic()
         state.num_cached_tokens = out.num_cached_tokens
+        if out.pooled is not None:
+            state.pooled = out.pooled
         if out.prompt_logprobs and state.prompt_logprobs is not None and sample.index == 0:
             state.prompt_logprobs.extend(
                 to_logprob_dict(self.tokenizer, e) for e in out.prompt_logprobs
@@ -222,4 +225,5 @@ class OutputProcessor:
             finished,
             state.num_cached_tokens,
             metrics,
+            state.pooled,
         )

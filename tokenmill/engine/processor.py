@@ -10,6 +10,7 @@ from tokenmill.inputs.validation import validate_params, validate_prompt
 from tokenmill.messages import EngineCoreRequest
 from tokenmill.model.chat_template import ChatTemplate
 from tokenmill.model.tokenizer import Tokenizer
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
 
 # A prompt is text, or {"prompt": text} / {"prompt_token_ids": [...]}.
@@ -55,6 +56,7 @@ class InputProcessor:
         priority: int = 0,
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> list[EngineCoreRequest]:
         """One core request per sample; seeded samples get distinct, reproducible seeds."""
         reqs = []
@@ -71,6 +73,7 @@ class InputProcessor:
                     priority,
                     cache_salt,
                     kv_transfer_params,
+                    pooling_params,
                 )  # fmt: skip
             )
         return reqs

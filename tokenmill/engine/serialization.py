@@ -8,6 +8,7 @@ from typing import Any
 import msgpack
 
 from tokenmill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import RepetitionDetection, RequestOutputKind, SamplingParams
 from tokenmill.stats import SchedulerStats, SpecDecodeStats
 from tokenmill.structured.spec import StructuredOutputsParams
@@ -55,13 +56,19 @@ def encode_request(req: EngineCoreRequest) -> bytes:
             req.priority,
             req.cache_salt,
             req.kv_transfer_params,
+            req.pooling_params.to_wire() if req.pooling_params is not None else None,
         ]
     )
 
 
 def decode_request(data: bytes) -> EngineCoreRequest:
-    rid, ids, params, arrival, priority, salt, kv = msgpack.unpackb(data, strict_map_key=False)
-    return EngineCoreRequest(rid, ids, _params_from_list(params), arrival, priority, salt, kv)
+    rid, ids, params, arrival, priority, salt, kv, pooling = msgpack.unpackb(
+        data, strict_map_key=False
+    )
+    pooling_params = PoolingParams.from_wire(pooling) if pooling is not None else None
+    return EngineCoreRequest(
+        rid, ids, _params_from_list(params), arrival, priority, salt, kv, pooling_params
+    )
 
 
 def _stat_to_wire(value: Any) -> Any:

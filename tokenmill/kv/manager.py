@@ -109,8 +109,13 @@ class KVCacheManager:
         """The longest cached prefix, leaving at least the last token to compute (a full hit
         must still run one token to produce logits)."""
         found = ComputedBlocks(block_size=self.block_size)
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
-            # prompt logprobs need every prompt position computed (as vLLM: no cache reads)
+        if (
+            not self.enable_caching
+            or request.sampling_params.prompt_logprobs is not None
+            or request.skip_reading_prefix_cache
+        ):
+            # prompt logprobs (and mean pooling) need every prompt position computed (as
+            # vLLM: no cache reads)
             return found
         hashes = self._hashes(request)
         limit = (request.num_tokens - 1) // self.block_size

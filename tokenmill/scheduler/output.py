@@ -48,3 +48,5 @@ class ModelRunnerOutput:
     # the hidden state behind each request's last sampled token, when a proposer drafts
     # from it (ModelRunner.keep_features)
     features: dict[str, torch.Tensor] = field(default_factory=dict)
+    # pooling requests whose prompt completed this step: their vector
+    pooled: dict[str, list[float]] = field(default_factory=dict)

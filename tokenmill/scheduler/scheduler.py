@@ -232,7 +232,10 @@ class Scheduler:
                 self.kv.trim(request)
             self.kv.cache_full_blocks(request)  # full blocks of computed (accepted) tokens
             prompt_lps = result.prompt_logprobs.get(rid)
-            if not new_tokens and not prompt_lps:
+            pooled = result.pooled.get(rid)
+            if pooled is not None:  # a pooling request is done once its prompt is
+                request.status = RequestStatus.FINISHED_STOPPED
+            if not new_tokens and not prompt_lps and pooled is None:
                 continue
             logprobs = result.logprobs.get(rid)
             outputs.append(
@@ -245,6 +248,7 @@ class Scheduler:
                     stop_reason=request.stop_reason,
                     num_cached_tokens=request.num_cached_tokens,
                     first_scheduled_time=request.first_scheduled_time,
+                    pooled=pooled,
                 )
             )
             if request.is_finished:

@@ -17,6 +17,7 @@ from tokenmill.spec.verify import accept_drafts
 from tokenmill.structured.manager import StructuredOutputManager
 from tokenmill.structured.token_mask import allowed_mask
 from tokenmill.worker.input_batch import build_model_input
+from tokenmill.worker.pooler import pool_chunk
 
 # Prompt-logprob rows are turned into log-softmax in slices of this many positions.
 _PROMPT_LOGPROBS_SLICE = 256
@@ -98,8 +99,15 @@ class ModelRunner:
         sample_reqs: list[Request] = []
         verify: list[tuple[ScheduledRequest, int]] = []
         prompt_lp: dict[str, list[PositionLogprobs]] = {}
+        pooled: dict[str, list[float]] = {}
         for sr, start in zip(inp.ordered, inp.query_starts, strict=True):
             req = sr.request
+            if req.pooling_params is not None:
+                chunk = hidden[start : start + sr.num_new_tokens]
+                vector = pool_chunk(self.model, req, chunk, sr.samples)
+                if vector is not None:
+                    pooled[req.request_id] = vector
+                continue
             if sr.spec_token_ids:
                 verify.append((sr, start))
                 continue
@@ -130,7 +138,7 @@ class ModelRunner:
                 k = req.sampling_params.logprobs
                 if k is not None and lps is not None:
                     logprobs[req.request_id] = [_position(lps, row, k)]
-        return ModelRunnerOutput(sampled, logprobs, prompt_lp, features)
+        return ModelRunnerOutput(sampled, logprobs, prompt_lp, features, pooled)
 
     def _verify(
         self,
