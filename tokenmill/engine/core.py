@@ -24,6 +24,7 @@ from tokenmill.kv.hashing import block_hashes
 from tokenmill.kv.manager import KVCacheManager, cdiv
 from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
 from tokenmill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from tokenmill.model.bert import build_encoder
 from tokenmill.model.linear import NativeMethod, get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.model_files import ModelFiles
@@ -184,7 +185,7 @@ class EngineCore:
         self.model_name = files.name
         self.tokenizer = files.tokenizer
         arch = files.arch
-        self.model = LlamaForCausalLM(
+        self.model = build_encoder(files) or LlamaForCausalLM(
             arch,
             files.weights,
             max_positions=config.model_config.max_model_len or arch.max_position_embeddings,
@@ -237,7 +238,7 @@ class EngineCore:
         prefill's 70, for 45 ms more start-up."""
         block_size = self.kv_manager.block_size
         prompt_len = 1
-        if self.max_model_len < prompt_len + 2:
+        if self.max_model_len < prompt_len + 2 or self.pooling.encoder_only:
             return
         kv = KVCacheManager(self.num_blocks, block_size, enable_caching=False)
         scheduler = Scheduler(self.config.scheduler_config, kv, self.max_model_len)

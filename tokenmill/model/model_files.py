@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tokenmill.model.arch_config import ArchConfig
+from tokenmill.model.bert_config import encoder_arch
 from tokenmill.model.chat_template import ChatTemplate
 from tokenmill.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
 from tokenmill.model.tokenizer import Tokenizer, tokenizer_from_files, tokenizer_from_gguf
@@ -105,7 +106,7 @@ def _read_json(path: Path) -> dict:
 
 def hf_model_info(name: str, path: Path) -> ModelFiles:
     config = _read_json(path / "config.json")
-    arch = ArchConfig.from_hf_config(config)
+    arch = encoder_arch(config) or ArchConfig.from_hf_config(config)
     if not (path / "tokenizer.json").exists():
         raise ValueError(f"{path}: tokenizer.json is missing")
     tok_config = _read_json(path / "tokenizer_config.json")

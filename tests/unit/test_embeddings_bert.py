@@ -1,0 +1,63 @@
+"""BERT encoders (sentence-transformers folders) through the engine against
+sentence-transformers and transformers on the same random weights: mean and CLS pooling as
+the folder says, many prompts batched in one step, and generation refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.embedding_models import make_bert_folder
+from tokenmill import LLM, SamplingParams
+from tokenmill.pooling_params import PoolingParams
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "hello world",
+    "embeddings map text to vectors",
+    "search query: what is a model?",
+    "a",
+]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_bert_equals_sentence_transformers(tmp_path, pooling):
+    from sentence_transformers import SentenceTransformer
+
+    folder = tmp_path / f"bert-{pooling}"
+    make_bert_folder(folder, pooling)
+    reference = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    llm = LLM(str(folder), kv_cache_memory_gib=0.02)
+    vectors = torch.tensor(llm.embed(TEXTS))
+    assert F.cosine_similarity(vectors, reference.float()).min() >= 0.99999
+    assert torch.allclose(vectors.norm(dim=1), torch.ones(len(TEXTS)), atol=1e-5)
+
+
+def test_bert_equals_transformers_pooling(tmp_path):
+    """The pooling computed here from transformers' token states: the mean over the
+    prompt (no padding), the CLS state; both through PoolingParams over one model."""
+    folder = tmp_path / "bert"
+    hf = make_bert_folder(folder, "mean", normalize=False)
+    llm = LLM(str(folder), kv_cache_memory_gib=0.02, max_num_seqs=64)
+    tok = llm.get_tokenizer()
+    texts = TEXTS * 8  # 40 prompts: several steps' worth, batched
+    mean = torch.tensor(llm.embed(texts))
+    cls = torch.tensor(llm.embed(texts, PoolingParams(pooling_type="CLS", normalize=False)))
+    for i, text in enumerate(texts):
+        ids = tok.encode(text)
+        assert ids[0] == 2 and ids[-1] == 3  # [CLS] ... [SEP]
+        with torch.no_grad():
+            states = hf(torch.tensor([ids])).last_hidden_state[0]
+        ref_mean = F.normalize(states.mean(dim=0), dim=0)
+        assert F.cosine_similarity(mean[i], ref_mean, dim=0) >= 0.99999
+        assert torch.allclose(cls[i], states[0], atol=1e-4)
+
+
+def test_bert_refuses_generation(tmp_path):
+    folder = tmp_path / "bert"
+    make_bert_folder(folder)
+    llm = LLM(str(folder), kv_cache_memory_gib=0.02)
+    with pytest.raises(ValueError, match="encoder"):
+        llm.generate(["hello"], SamplingParams(max_tokens=2))
+    assert len(llm.embed(["hello"])[0]) == 48  # still serving
