@@ -157,3 +157,69 @@ def test_decoder_embeddings_equal_transformers(tmp_path, tiny_llama_dir):
         assert out.usage.completion_tokens == 3
     finally:
         assert srv.stop() == 0
+
+
+def test_gateway_meters_embeddings(tmp_path, bert_server):
+    """Behind the gateway: a key's embeddings calls in the ledger with the prompt tokens the
+    client was told; a key limited to other models gets a 403; an input guardrail blocks."""
+    import hashlib
+
+    import yaml
+
+    from tokenmill.gateway.store.database import open_database
+
+    _, folder = bert_server
+    admin_key = "admin-" + "k" * 40
+    config = {
+        "admin_key_sha256": hashlib.sha256(admin_key.encode()).hexdigest(),
+        "database": str(tmp_path / "gw.sqlite3"),
+        "journal": str(tmp_path / "journal"),
+        "prices": {"default": {"input": 1.0, "cached_input": 0.5, "output": 2.0}},
+        "guardrails": {"rules": [
+            {"name": "competitor", "scanner": "deny_list", "terms": ["acme corp"],
+             "action": "fallback", "fallback": "No.", "stages": ["input"]},
+        ]},
+    }  # fmt: skip
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    srv = start_server(tmp_path, "--model", str(folder), "--gateway-config", str(path))
+    try:
+        with httpx.Client(
+            base_url=srv.base_url, headers={"Authorization": f"Bearer {admin_key}"}
+        ) as a:
+            key_reply = a.post("/admin/keys", json={}).json()
+            limited = a.post("/admin/keys", json={"models": ["another-model"]}).json()
+        from openai import OpenAI, PermissionDeniedError
+
+        c = OpenAI(base_url=srv.v1, api_key=key_reply["key"], max_retries=0)
+        told = sum(
+            c.embeddings.create(model="tiny-bert", input=TEXTS[: i + 1]).usage.prompt_tokens
+            for i in range(3)
+        )
+        blocked = httpx.post(
+            f"{srv.v1}/embeddings",
+            json={"model": "tiny-bert", "input": ["fine", "about Acme Corp"]},
+            headers={"Authorization": f"Bearer {key_reply['key']}"},
+        )
+        assert blocked.status_code == 400
+        assert blocked.json()["error"]["code"] == "guardrail_blocked"
+        with pytest.raises(PermissionDeniedError):
+            OpenAI(base_url=srv.v1, api_key=limited["key"], max_retries=0).embeddings.create(
+                model="tiny-bert", input="hello"
+            )
+        db = open_database(str(tmp_path / "gw.sqlite3"))
+        rows: list = []
+        for _ in range(50):
+            rows = db.fetchall(
+                "SELECT endpoint, model, prompt_tokens, completion_tokens, status FROM usage"
+                " WHERE key_id = ? AND status = 200",
+                (key_reply["id"],),
+            )
+            if len(rows) == 3:
+                break
+            __import__("time").sleep(0.2)
+        assert len(rows) == 3
+        assert {(r[0], r[1], r[3]) for r in rows} == {("embeddings", "tiny-bert", 0)}
+        assert sum(r[2] for r in rows) == told
+    finally:
+        assert srv.stop() == 0

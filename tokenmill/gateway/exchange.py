@@ -179,6 +179,10 @@ class Exchange:
                 await self._reject(400, error_envelope(
                     blocked_message(verdict.blocked), "invalid_request_error", "guardrail_blocked"))  # fmt: skip
                 return None
+            if verdict.fallback is not None and getattr(adapter, "blocks_on_fallback", False):
+                await self._reject(400, error_envelope(
+                    blocked_message(verdict.fallback), "invalid_request_error", "guardrail_blocked"))  # fmt: skip
+                return None
             if verdict.fallback is not None:
                 await self._fallback(body, verdict.replacement or "")
                 return None

@@ -12,6 +12,7 @@ import re
 
 from tokenmill.gateway.admin import build_admin_app, is_admin
 from tokenmill.gateway.endpoints.chat import ChatAdapter, CompletionAdapter
+from tokenmill.gateway.endpoints.embeddings import EmbeddingsAdapter
 from tokenmill.gateway.endpoints.responses import ResponsesAdapter
 from tokenmill.gateway.exchange import Exchange, filtered_read
 from tokenmill.gateway.keys import bearer_token
@@ -21,6 +22,7 @@ ADAPTERS = {
     "/v1/chat/completions": ChatAdapter(),
     "/v1/completions": CompletionAdapter(),
     "/v1/responses": ResponsesAdapter(),
+    "/v1/embeddings": EmbeddingsAdapter(),
 }
 _STORED_RESPONSE = re.compile(r"/v1/responses/[^/]+")
 _MESSAGES = {
