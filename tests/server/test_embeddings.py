@@ -131,6 +131,21 @@ def test_bad_input_is_a_400(bert_server, body, param):
     assert ok.status_code == 200
 
 
+def test_encoder_refuses_generation_with_a_400(bert_server):
+    srv, _ = bert_server
+    for path, body in (
+        ("completions", {"model": "tiny-bert", "prompt": "hello", "max_tokens": 2}),
+        (
+            "chat/completions",
+            {"model": "tiny-bert", "messages": [{"role": "user", "content": "hi"}]},
+        ),
+    ):
+        r = httpx.post(f"{srv.v1}/{path}", json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        assert "embedding" in r.json()["error"]["message"]
+    assert httpx.post(f"{srv.v1}/embeddings", json={"input": "hi"}).status_code == 200
+
+
 def test_unknown_model_is_a_404(bert_server):
     srv, _ = bert_server
     r = httpx.post(f"{srv.v1}/embeddings", json={"input": "x", "model": "nope"})

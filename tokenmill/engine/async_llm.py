@@ -215,8 +215,13 @@ class AsyncLLM:
         they do not all fit, EngineDeadError when the engine core is gone."""
         self._check_alive()
         assert self.processor is not None, "call start() first"
+        encoder_only = (self.engine_info.get("pooling") or {}).get("encoder_only", False)
         for r in requests:
             self.processor.validate(r.prompt_token_ids, r.params)
+            if encoder_only and r.pooling_params is None:
+                raise ValueError(
+                    "model: this is an encoder (embedding) model; it serves /v1/embeddings only"
+                )
         wanted = sum(r.params.n for r in requests)
         if self.max_in_flight is not None and wanted > self.max_in_flight:
             # never admissible: a client mistake, not "busy" (a retry would loop forever)
