@@ -26,8 +26,8 @@ from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
 from tokenmill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from tokenmill.model.bert import build_encoder
 from tokenmill.model.linear import NativeMethod, get_linear_method
-from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.model_files import ModelFiles
+from tokenmill.model.models import build_model
 from tokenmill.model.prefetch import WeightPrefetch
 from tokenmill.model.row_kernels import INT_DOT_KINDS, row_setting
 from tokenmill.quant.weights import load_for_plan
@@ -185,7 +185,7 @@ class EngineCore:
         self.model_name = files.name
         self.tokenizer = files.tokenizer
         arch = files.arch
-        self.model = build_encoder(files) or LlamaForCausalLM(
+        self.model = build_encoder(files) or build_model(
             arch,
             files.weights,
             max_positions=config.model_config.max_model_len or arch.max_position_embeddings,

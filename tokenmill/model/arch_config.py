@@ -1,33 +1,49 @@
-"""Architecture hyper-parameters of a Llama-family model, read from GGUF metadata or config.json."""
+"""Architecture hyper-parameters of a served model, read from GGUF metadata or config.json.
+
+One frozen ArchConfig describes every family (model/models/ builds the layers): the Llama
+fields, plus what Qwen3, Gemma 3, Phi-3 and the mixture-of-experts families add. Each
+family's config.json / GGUF keys are read in arch_families.py; a missing or inconsistent
+field is a ValueError naming it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-# Architectures served by the one Llama-family implementation.
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
-GGUF_ARCHITECTURES = {"llama", "mistral", "qwen2"}
+from tokenmill.model.arch_families import (
+    GGUF_ARCHITECTURES,
+    HF_ARCHITECTURES,
+    gguf_fields,
+    hf_fields,
+)
+
+# kept for callers that list what is served
+SUPPORTED_ARCHITECTURES = HF_ARCHITECTURES
+ROPE_TYPES = ("linear", "llama3", "longrope", "yarn")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE frequency scaling (None type means plain RoPE)."""
 
-    rope_type: str  # "linear" or "llama3"
+    rope_type: str  # "linear" | "llama3" | "longrope" (Phi-3) | "yarn" (GPT-OSS)
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    long_factor: tuple[float, ...] | None = None  # longrope: per-frequency divisors
+    short_factor: tuple[float, ...] | None = None
+    attention_factor: float | None = None  # longrope / yarn: cos and sin scaled by it
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
 class ArchConfig:
-    architecture: str  # "llama" | "mistral" | "qwen2"
+    architecture: str  # a value of HF_ARCHITECTURES: "llama", "qwen3", "gemma3", "mixtral", ...
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -39,13 +55,71 @@ class ArchConfig:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
+    attention_bias: bool  # q/k/v projections carry a bias (Qwen2, GPT-OSS)
     rope_scaling: RopeScaling | None = None
     sliding_window: int | None = None
+    # per layer "full_attention" | "sliding_attention" (Gemma 3, GPT-OSS); None: every layer
+    # attends through sliding_window (None = full)
+    layer_types: tuple[str, ...] | None = None
+    qk_norm: str | None = None  # "head": RMSNorm per head (Qwen3, Gemma 3); "proj": OLMoE's
+    hidden_act: str = "silu"  # of the gated MLP: "silu" | "gelu_pytorch_tanh" (GeGLU)
+    partial_rotary_factor: float = 1.0  # rotated share of each head (Phi-4-mini: 0.75)
+    query_pre_attn_scalar: float | None = None  # softmax scale 1/sqrt(it) (Gemma 3)
+    final_logit_softcapping: float | None = None
+    rope_local_theta: float | None = None  # RoPE base of sliding layers (Gemma 3)
+    clip_qkv: float | None = None  # OLMoE
+    # mixture of experts (0 experts: dense)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights
+    dense_layers: tuple[int, ...] = ()  # layers with a dense MLP in a MoE model (Qwen3-MoE)
+    swiglu_limit: float | None = None  # GPT-OSS's clamped SwiGLU
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "head_dim"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads <= 0 or self.num_key_value_heads <= 0:
+            raise ValueError("num_attention_heads and num_key_value_heads must be positive")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(
+                f"hidden_act: unsupported {self.hidden_act!r}; supported: {ACTIVATIONS}"
+            )
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(
+                    f"layer_types has {len(self.layer_types)} entries for "
+                    f"num_hidden_layers {self.num_hidden_layers}"
+                )
+            unknown = set(self.layer_types) - set(LAYER_TYPES)
+            if unknown:
+                raise ValueError(f"layer_types: unknown {sorted(unknown)}; known: {LAYER_TYPES}")
+            if "sliding_attention" in self.layer_types and not self.sliding_window:
+                raise ValueError("sliding_window is missing for the sliding_attention layers")
+        if self.rotary_dim % 2 or not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} gives an odd "
+                             f"or empty rotary part of head_dim {self.head_dim}")  # fmt: skip
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        if self.num_experts < 0:
+            raise ValueError(f"num_experts must not be negative, got {self.num_experts}")
+        if not self.num_experts:
+            return
+        if not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok ({self.num_experts_per_tok}) must be in 1..num_experts "
+                f"({self.num_experts})"
+            )
+        if self.moe_intermediate_size <= 0:
+            raise ValueError("moe_intermediate_size (the experts' width) is missing")
 
     @property
     def q_size(self) -> int:
@@ -55,96 +129,94 @@ class ArchConfig:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of one layer (None: full attention)."""
+        if self.layer_types is None:
+            return self.sliding_window
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer not in self.dense_layers
+
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ArchConfig:
         archs = cfg.get("architectures") or []
-        arch = next(
-            (SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None
-        )
+        arch = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
         if arch is None:
             raise ValueError(
-                f"unsupported architecture {archs}; supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+                f"architectures: unsupported {archs}; supported: {sorted(HF_ARCHITECTURES)}"
             )
-        heads = cfg["num_attention_heads"]
-        hidden = cfg["hidden_size"]
-        scaling = cfg.get("rope_scaling") or None
-        rope_theta = cfg.get("rope_theta")
-        # transformers >= 5 folds rope_theta and scaling into `rope_parameters`
-        params = cfg.get("rope_parameters") or {}
-        if rope_theta is None:
-            rope_theta = params.get("rope_theta", 10000.0)
-        if scaling is None and params.get("rope_type", "default") != "default":
-            scaling = params
-        return cls(
-            architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or hidden // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta),
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-            rope_scaling=_parse_rope_scaling(scaling),
-            sliding_window=cfg.get("sliding_window")
-            if cfg.get("use_sliding_window", True)
-            else None,
+        fields = hf_fields(arch, cfg)
+        fields["rope_scaling"] = _parse_rope_scaling(
+            fields.get("rope_scaling"), fields["max_position_embeddings"]
         )
+        return cls(**fields)
 
     @classmethod
     def from_gguf_metadata(
-        cls, meta: dict[str, Any], has_output_tensor: bool, has_qkv_bias: bool
+        cls,
+        meta: dict[str, Any],
+        has_output_tensor: bool,
+        has_qkv_bias: bool,
+        tensors: dict[str, Any] | None = None,
     ) -> ArchConfig:
-        arch = meta["general.architecture"]
+        """`tensors`: the file's small tensors that carry configuration (Phi-3's LongRoPE
+        factors, q/k norms' presence), name -> array."""
+        arch = meta.get("general.architecture")
         if arch not in GGUF_ARCHITECTURES:
             raise ValueError(
-                f"unsupported GGUF architecture {arch!r}; supported: {sorted(GGUF_ARCHITECTURES)}"
+                f"general.architecture: unsupported GGUF architecture {arch!r}; "
+                f"supported: {sorted(GGUF_ARCHITECTURES)}"
             )
-
-        def key(name: str, default: Any = None) -> Any:
-            return meta.get(f"{arch}.{name}", default)
-
-        heads = key("attention.head_count")
-        hidden = key("embedding_length")
-        vocab = key("vocab_size") or len(meta["tokenizer.ggml.tokens"])
-        scaling = None
-        if key("rope.scaling.type") == "linear":
-            scaling = {"rope_type": "linear", "factor": key("rope.scaling.factor", 1.0)}
-        return cls(
-            architecture=arch,
-            vocab_size=vocab,
-            hidden_size=hidden,
-            intermediate_size=key("feed_forward_length"),
-            num_hidden_layers=key("block_count"),
-            num_attention_heads=heads,
-            num_key_value_heads=key("attention.head_count_kv") or heads,
-            head_dim=key("attention.key_length") or key("rope.dimension_count") or hidden // heads,
-            rms_norm_eps=key("attention.layer_norm_rms_epsilon", 1e-5),
-            rope_theta=float(key("rope.freq_base", 10000.0)),
-            max_position_embeddings=key("context_length", 2048),
-            tie_word_embeddings=not has_output_tensor,
-            attention_bias=has_qkv_bias,
-            rope_scaling=_parse_rope_scaling(scaling),
-            sliding_window=key("attention.sliding_window"),
+        fields = gguf_fields(arch, meta, tensors or {})
+        fields["tie_word_embeddings"] = not has_output_tensor
+        fields["attention_bias"] = has_qkv_bias
+        fields["rope_scaling"] = _parse_rope_scaling(
+            fields.get("rope_scaling"), fields["max_position_embeddings"]
         )
+        return cls(**fields)
 
 
-def _parse_rope_scaling(scaling: dict[str, Any] | None) -> RopeScaling | None:
+def _parse_rope_scaling(scaling: dict[str, Any] | None, max_positions: int) -> RopeScaling | None:
     if not scaling:
         return None
     rope_type = scaling.get("rope_type") or scaling.get("type")
     if rope_type in (None, "default"):
         return None
-    if rope_type not in ("linear", "llama3"):
-        raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: linear, llama3")
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"rope_scaling: unsupported type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
+        )
+    original = scaling.get("original_max_position_embeddings")
+    factor = scaling.get("factor")
+    if rope_type in ("longrope", "yarn"):
+        if original is None:
+            raise ValueError(f"rope_scaling: {rope_type} needs original_max_position_embeddings")
+        if factor is None:
+            factor = max_positions / original
+    if rope_type == "longrope":
+        for key in ("long_factor", "short_factor"):
+            if not scaling.get(key):
+                raise ValueError(f"rope_scaling: longrope needs {key}")
+    attention_factor = scaling.get("attention_factor")
     return RopeScaling(
         rope_type=rope_type,
-        factor=float(scaling.get("factor", 1.0)),
+        factor=float(1.0 if factor is None else factor),
         low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
         high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(scaling.get("original_max_position_embeddings", 8192)),
+        original_max_position_embeddings=int(original or 8192),
+        long_factor=_floats(scaling.get("long_factor")),
+        short_factor=_floats(scaling.get("short_factor")),
+        attention_factor=None if attention_factor is None else float(attention_factor),
+        beta_fast=float(scaling.get("beta_fast") or 32.0),
+        beta_slow=float(scaling.get("beta_slow") or 1.0),
+        truncate=bool(scaling.get("truncate", True)),
     )
+
+
+def _floats(values) -> tuple[float, ...] | None:
+    return None if values is None else tuple(float(v) for v in values)

@@ -7,6 +7,7 @@ chunks (prefill chunks). Each layer's cache is one tensor [2, num_blocks, block_
 
 from __future__ import annotations
 
+import copy
 import math
 import mmap
 from abc import ABC, abstractmethod
@@ -42,6 +43,27 @@ class ChunkAttention:
     context_len: int  # tokens of the sequence visible after this chunk (incl. the chunk)
     block_ids: torch.Tensor  # blocks covering context_len tokens
     mask: torch.Tensor | None  # [query_len, context_len] bool, None when plain causal
+    mask_window: int | None = None  # the sliding window `mask` was built for
+    _masks: dict | None = None  # other windows' masks (layers of another kind), built once
+
+    def mask_for(self, window: int | None) -> torch.Tensor | None:
+        """The mask of a layer with this sliding window (Gemma 3 and GPT-OSS mix windows)."""
+        if window == self.mask_window:
+            return self.mask
+        if self._masks is None:
+            self._masks = {}
+        if window not in self._masks:
+            first = self.context_len - self.query_len
+            mask = None
+            if first > 0 or (window is not None and self.context_len > window):
+                device = self.block_ids.device
+                q_pos = torch.arange(first, self.context_len, device=device)[:, None]
+                k_pos = torch.arange(self.context_len, device=device)[None, :]
+                mask = k_pos <= q_pos
+                if window is not None:
+                    mask &= k_pos > q_pos - window
+            self._masks[window] = mask
+        return self._masks[window]
 
 
 @dataclass
@@ -51,11 +73,14 @@ class AttentionMetadata:
     decode_block_table: torch.Tensor | None  # [num_decodes, max_blocks] int64, padded with block 0
     decode_seq_lens: torch.Tensor | None  # [num_decodes] int64: visible keys incl. the new token
     chunks: list[ChunkAttention]
-    _decode_mask: torch.Tensor | None = None
+    _decode_masks: dict | None = None  # sliding window -> mask
 
     def decode_mask(self, block_size: int, sliding_window: int | None) -> torch.Tensor:
-        """Additive mask [num_decodes, 1, 1, max_blocks * block_size], built once per step."""
-        if self._decode_mask is None:
+        """Additive mask [num_decodes, 1, 1, max_blocks * block_size], built once per step
+        and window."""
+        if self._decode_masks is None:
+            self._decode_masks = {}
+        if sliding_window not in self._decode_masks:
             assert self.decode_block_table is not None and self.decode_seq_lens is not None
             key_pos = torch.arange(self.decode_block_table.shape[1] * block_size)
             lens = self.decode_seq_lens[:, None]
@@ -63,14 +88,16 @@ class AttentionMetadata:
             if sliding_window is not None:
                 visible &= key_pos[None, :] >= lens - sliding_window
             mask = torch.zeros(visible.shape, dtype=torch.float32)
-            self._decode_mask = mask.masked_fill_(~visible, float("-inf")).view(len(lens), 1, 1, -1)
-        return self._decode_mask
+            mask = mask.masked_fill_(~visible, float("-inf")).view(len(lens), 1, 1, -1)
+            self._decode_masks[sliding_window] = mask
+        return self._decode_masks[sliding_window]
 
 
 class AttentionBackend(ABC):
     """Computes attention for one layer of a flat batch, reading and writing its KV cache."""
 
     name: str
+    sinks: torch.Tensor | None = None  # per query head, a logit with no value (GPT-OSS)
 
     def __init__(
         self,
@@ -90,6 +117,17 @@ class AttentionBackend(ABC):
     @classmethod
     def available(cls) -> bool:
         return True
+
+    def for_layer(
+        self, sliding_window: int | None, scale: float, sinks: torch.Tensor | None = None
+    ) -> AttentionBackend:
+        """This backend for a layer whose window, softmax scale or attention sinks differ
+        from the model-wide ones it was made with (Gemma 3, GPT-OSS): a shallow copy."""
+        if (sliding_window, scale, sinks) == (self.sliding_window, self.scale, None):
+            return self
+        layer = copy.copy(self)
+        layer.sliding_window, layer.scale, layer.sinks = sliding_window, scale, sinks
+        return layer
 
     def allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype, device: str) -> torch.Tensor:
         block_numel = self.block_size * self.num_kv_heads * self.head_dim
@@ -137,6 +175,11 @@ class TorchSDPABackend(AttentionBackend):
         # Query heads of one KV group become the "query length" axis: no K/V expansion.
         qg = q.reshape(nd, nkv, self.num_heads // nkv, hd)
         mask = meta.decode_mask(self.block_size, self.sliding_window)
+        if self.sinks is not None:
+            sinks = self.sinks.view(1, nkv, -1, 1)
+            o = attention_with_sinks(qg, keys.transpose(1, 2), values.transpose(1, 2), mask,
+                                     self.scale, sinks)  # fmt: skip
+            return o.reshape(nd, self.num_heads * hd)
         o = F.scaled_dot_product_attention(
             qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, scale=self.scale
         )
@@ -150,16 +193,41 @@ class TorchSDPABackend(AttentionBackend):
             n = chunk.context_len
             keys = kv_cache[0].index_select(0, chunk.block_ids).view(-1, nkv, hd)[:n]
             values = kv_cache[1].index_select(0, chunk.block_ids).view(-1, nkv, hd)[:n]
+        mask = chunk.mask_for(self.sliding_window)
+        if self.sinks is not None:
+            return self._chunk_with_sinks(q, keys, values, mask)
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
             keys.transpose(0, 1).unsqueeze(0),
             values.transpose(0, 1).unsqueeze(0),
-            attn_mask=chunk.mask,
-            is_causal=chunk.mask is None,
+            attn_mask=mask,
+            is_causal=mask is None,
             scale=self.scale,
             enable_gqa=True,
         )
         return o[0].transpose(0, 1).reshape(chunk.query_len, self.num_heads * hd)
+
+    def _chunk_with_sinks(self, q, keys, values, mask: torch.Tensor | None) -> torch.Tensor:
+        n, nkv, hd = q.shape[0], self.num_kv_heads, self.head_dim
+        if mask is None:
+            mask = torch.ones(n, keys.shape[0], dtype=torch.bool).tril_()
+        additive = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+        qg = q.view(n, nkv, -1, hd).permute(1, 2, 0, 3)  # [nkv, group, n, hd]
+        o = attention_with_sinks(
+            qg, keys.transpose(0, 1)[:, None], values.transpose(0, 1)[:, None], additive,
+            self.scale, self.sinks.view(nkv, -1, 1, 1),
+        )  # fmt: skip
+        return o.permute(2, 0, 1, 3).reshape(n, self.num_heads * hd)
+
+
+def attention_with_sinks(q, k, v, mask: torch.Tensor, scale: float, sinks: torch.Tensor):
+    """softmax(q k^T * scale + mask) v with one more logit per head, `sinks`, in the
+    denominator and no value (GPT-OSS). Shapes broadcast: q [..., Lq, hd], k/v [..., Lk, hd],
+    sinks [..., 1 or Lq, 1]."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(mask)
+    sink = sinks.float().expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs, v)
 
 
 class CPUPagedBackend(TorchSDPABackend):
@@ -175,6 +243,8 @@ class CPUPagedBackend(TorchSDPABackend):
     def _decode(
         self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
+        if self.sinks is not None:  # the native kernel has no sinks
+            return super()._decode(q, kv_cache, meta)
         out = ops.paged_attention_decode(
             q.contiguous(),
             kv_cache,

@@ -46,7 +46,34 @@ GGUF_LAYER_TO_HF = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    # the families in model/models/
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "attn_qkv.bias": "self_attn.qkv_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_sinks.weight": "self_attn.sinks",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_inp.bias": "mlp.gate.bias",
 }
+# where a family's GGUF names mean something else than the Llama ones
+GGUF_LAYER_OVERRIDES = {
+    "gemma3": {"ffn_norm.weight": "pre_feedforward_layernorm.weight"},
+    "phi3": {"ffn_up.weight": "mlp.gate_up_proj.weight"},  # gate and up stored fused
+}
+# 3-D [experts, rows, cols] tensors -> one weight per expert: mlp.experts.{e}.<name>
+GGUF_EXPERT_TENSORS = {
+    "ffn_gate_exps.weight": "gate_proj.weight",
+    "ffn_up_exps.weight": "up_proj.weight",
+    "ffn_down_exps.weight": "down_proj.weight",
+    "ffn_gate_exps.bias": "gate_proj.bias",
+    "ffn_up_exps.bias": "up_proj.bias",
+    "ffn_down_exps.bias": "down_proj.bias",
+}
+# tensors that configure the model (read into ArchConfig), not weights
+GGUF_CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
@@ -58,6 +85,17 @@ def packed_rows(tensor) -> tuple[int, int, int, np.ndarray] | None:
         return None
     cols, rows = (int(d) for d in tensor.shape)
     return qtype, rows, cols, np.ascontiguousarray(tensor.data, dtype=np.uint8).reshape(rows, -1)
+
+
+def expert_rows(tensor) -> list[tuple[int, int, int, np.ndarray]] | None:
+    """Per expert, (format, rows, cols, uint8 rows) of a 3-D expert tensor in a packed
+    format the native kernels run; else None."""
+    qtype = int(tensor.tensor_type)
+    if qtype not in PACKED_TYPES or len(tensor.shape) != 3:
+        return None
+    cols, rows, experts = (int(d) for d in tensor.shape)
+    data = np.ascontiguousarray(tensor.data, dtype=np.uint8).reshape(experts, rows, -1)
+    return [(qtype, rows, cols, data[e]) for e in range(experts)]
 
 
 def rope_permuted(architecture: str) -> bool:

@@ -10,9 +10,13 @@ import torch
 
 from tokenmill.model.gguf_file import F16, F32, GGUFFile
 from tokenmill.model.gguf_layout import (
+    GGUF_CONFIG_TENSORS,
+    GGUF_EXPERT_TENSORS,
+    GGUF_LAYER_OVERRIDES,
     GGUF_LAYER_TO_HF,
     GGUF_TO_HF,
     LAYER_RE,
+    expert_rows,
     packed_rows,
     rope_permuted,
     unpermute_rope_weight,
@@ -83,20 +87,30 @@ def _load_gguf(
     gguf = gguf or GGUFFile(path)
     files = gguf_model_info(name, path, gguf)
     arch = files.arch
-    permuted = rope_permuted(gguf.metadata["general.architecture"])
+    gguf_arch = gguf.metadata["general.architecture"]
+    permuted = rope_permuted(gguf_arch)
+    layer_names = {**GGUF_LAYER_TO_HF, **GGUF_LAYER_OVERRIDES.get(gguf_arch, {})}
     weights = files.weights
     for tname, tensor in ((t.name, t) for t in gguf.tensors):
+        if tname in GGUF_CONFIG_TENSORS:
+            continue  # read into the ArchConfig
+        match = LAYER_RE.fullmatch(tname)
+        if match and match.group(2) in GGUF_EXPERT_TENSORS:
+            layer, rest = match.groups()
+            prefix = f"model.layers.{layer}.mlp.experts."
+            for e, w in enumerate(_expert_weights(tensor, packed)):
+                weights[f"{prefix}{e}.{GGUF_EXPERT_TENSORS[rest]}"] = w
+            continue
         kept = _packed(tensor) if packed else None
         data = dequantize_tensor(tensor) if kept is None else None
         if tname == "rope_freqs.weight":
             files.rope_freq_factors = torch.from_numpy(data.copy())
             continue
-        match = LAYER_RE.fullmatch(tname)
         if match:
             layer, rest = match.groups()
-            if rest not in GGUF_LAYER_TO_HF:
+            if rest not in layer_names:
                 raise ValueError(f"{path}: unsupported tensor {tname}")
-            hf_name = f"model.layers.{layer}.{GGUF_LAYER_TO_HF[rest]}"
+            hf_name = f"model.layers.{layer}.{layer_names[rest]}"
             heads = None
             if permuted and rest in ("attn_q.weight", "attn_q.bias"):
                 heads = arch.num_attention_heads
@@ -110,12 +124,26 @@ def _load_gguf(
             hf_name = GGUF_TO_HF[tname]
         else:
             raise ValueError(f"{path}: unsupported tensor {tname}")
+        if arch.architecture == "gemma3" and tname.endswith("norm.weight"):
+            data = data - 1.0  # llama.cpp stores Gemma's (1 + w); the model adds the 1
         weights[hf_name] = (
             kept
             if kept is not None
             else torch.from_numpy(np.array(data, dtype=np.float32, order="C"))
         )
     return files
+
+
+def _expert_weights(tensor, packed: bool) -> list:
+    """A 3-D expert tensor as one weight per expert: packed rows where the native kernels
+    run the format (`packed`), float32 otherwise."""
+    parts = expert_rows(tensor) if packed else None
+    if parts is not None:
+        with warnings.catch_warnings():  # the file's read-only memory map: never written to
+            warnings.simplefilter("ignore", UserWarning)
+            return [PackedWeight(q, r, c, torch.from_numpy(d)) for q, r, c, d in parts]
+    data = dequantize_tensor(tensor)
+    return [torch.from_numpy(np.array(d, dtype=np.float32, order="C")) for d in data]
 
 
 # ---------------------------------------------------------------- HF folder

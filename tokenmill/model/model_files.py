@@ -13,6 +13,7 @@ from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.bert_config import encoder_arch
 from tokenmill.model.chat_template import ChatTemplate
 from tokenmill.model.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
+from tokenmill.model.gguf_layout import GGUF_CONFIG_TENSORS
 from tokenmill.model.tokenizer import Tokenizer, tokenizer_from_files, tokenizer_from_gguf
 
 if TYPE_CHECKING:
@@ -80,10 +81,14 @@ def read_model_info(model: str | None) -> ModelFiles:
 
 def gguf_arch(gguf: GGUFFile) -> ArchConfig:
     names = {t.name for t in gguf.tensors}
+    tensors = {
+        t.name: (list(t.data) if t.name in GGUF_CONFIG_TENSORS else None) for t in gguf.tensors
+    }
     return ArchConfig.from_gguf_metadata(
         gguf.metadata,
         has_output_tensor="output.weight" in names,
-        has_qkv_bias="blk.0.attn_q.bias" in names,
+        has_qkv_bias=bool(names & {"blk.0.attn_q.bias", "blk.0.attn_qkv.bias"}),
+        tensors=tensors,
     )
 
 

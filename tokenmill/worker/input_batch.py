@@ -92,7 +92,9 @@ def build_model_input(
                 mask &= k_pos > q_pos - sliding_window
         n_blocks = -(-context_len // block_size)
         chunk_meta.append(
-            ChunkAttention(start, n, context_len, torch.from_numpy(table[:n_blocks]), mask)
+            ChunkAttention(
+                start, n, context_len, torch.from_numpy(table[:n_blocks]), mask, sliding_window
+            )
         )
         query_starts.append(start)
         start += n

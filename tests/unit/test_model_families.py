@@ -1,0 +1,63 @@
+"""Qwen3, Gemma 3, Phi-3, Mixtral, Qwen3-MoE, OLMoE and GPT-OSS against transformers on the
+same random weights: logits (prefill, chunked over the KV cache, a prefix-cache hit) and greedy
+tokens alone and in a batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.family_models import FAMILIES, make_family_model
+from tests.tiny_models import save_hf_folder
+from tests.unit.test_model_parity import PROMPTS, hf_greedy
+from tokenmill import LLM, SamplingParams
+from tokenmill.engine.scoring import sequence_logits
+
+
+def check_family(model, llm: LLM) -> None:
+    core = llm.engine.core
+    for prompt in PROMPTS:
+        with torch.no_grad():
+            ref = model(torch.tensor([prompt])).logits[0].float()
+        for chunk in (None, 5):  # 5: every chunk after the first attends to cached blocks
+            ours = sequence_logits(core, prompt, chunk_size=chunk)
+            diff = (ours - ref).abs().max().item()
+            assert diff <= 1e-4, f"{len(prompt)} tokens, chunks of {chunk}: logits differ {diff}"
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    expected = [hf_greedy(model, p, 12) for p in PROMPTS]
+    alone = [llm.generate([{"prompt_token_ids": p}], params)[0] for p in PROMPTS]
+    assert [o.outputs[0].token_ids for o in alone] == expected
+    hits_before = core.kv_manager.stats.hits
+    batched = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    assert [o.outputs[0].token_ids for o in batched] == expected
+    assert core.kv_manager.stats.hits > hits_before  # the prompts ran before: cached prefixes
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_safetensors_parity(tmp_path, family):
+    model = make_family_model(family)
+    path = save_hf_folder(model, tmp_path / family)
+    llm = LLM(str(path), kv_cache_memory_gib=0.05, max_num_batched_tokens=64)
+    check_family(model, llm)
+
+
+def test_longrope_tables_past_the_original_context():
+    """Positions from original_max_position_embeddings on rotate with the long factors, as
+    transformers computes them for a sequence that long (scaled by the same attention factor);
+    the ones below with the short factors."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from tokenmill.model.arch_config import ArchConfig
+    from tokenmill.model.models.rope import build_rotary
+
+    model = make_family_model("phi3")
+    hf_cfg = model.config
+    cfg = ArchConfig.from_hf_config({**hf_cfg.to_dict(), "architectures": ["Phi3ForCausalLM"]})
+    cut = cfg.rope_scaling.original_max_position_embeddings
+    rope = build_rotary(cfg, 2 * cut, None, cfg.rope_scaling)
+    init = ROPE_INIT_FUNCTIONS["longrope"]
+    for seq_len, rows in ((None, slice(0, cut)), (cut + 1, slice(cut, 2 * cut))):
+        inv_freq, scale = init(hf_cfg, None, seq_len=seq_len)
+        pos = torch.arange(2 * cut)[rows].float()
+        expected = torch.outer(pos, inv_freq).cos() * scale
+        assert (rope.cos[rows] - expected).abs().max().item() < 1e-5

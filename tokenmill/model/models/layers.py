@@ -1,0 +1,129 @@
+"""Building blocks of the decoder families in models/: RMSNorm, self-attention (fused or
+separate q/k/v, biases, q/k norms, partial rotary, per-layer window, scale and sinks) and the
+gated MLP. Weights arrive in Hugging Face naming and become layers through the linear
+method (method.linear), which places and packs them; activations are float32."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from tokenmill.kernels import ops
+from tokenmill.model.arch_config import ArchConfig
+from tokenmill.model.attention import AttentionBackend, AttentionMetadata
+from tokenmill.model.linear import FloatMethod
+from tokenmill.model.packed import as_float, cat_rows
+from tokenmill.model.rotary import RotaryEmbedding
+
+Take = Callable[[str], torch.Tensor]  # pops one weight by its name under a prefix
+
+
+def rms_norm(method: FloatMethod, x: torch.Tensor, weight: torch.Tensor, eps: float):
+    """RMSNorm over the last dim in float32 (the native kernel on 2-D rows)."""
+    if method.native and x.dim() == 2 and x.shape[1] == weight.shape[0]:
+        return ops.rmsnorm(x, weight, eps)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def norm_weight(weight, offset: float = 0.0) -> torch.Tensor:
+    """A norm's weight in float32; Gemma's norms scale by (1 + w): offset 1."""
+    w = as_float(weight).float()
+    return (w + offset).contiguous() if offset else w.contiguous()
+
+
+def optional(weights: dict, name: str):
+    return weights.pop(name, None)
+
+
+class SelfAttention:
+    def __init__(
+        self,
+        cfg: ArchConfig,
+        weights: dict,
+        prefix: str,
+        method: FloatMethod,
+        layer: int,
+        rope: RotaryEmbedding,
+        norm_offset: float = 0.0,
+    ) -> None:
+        fused = weights.pop(prefix + "qkv_proj.weight", None)
+        if fused is None:
+            fused = cat_rows([weights.pop(prefix + f"{p}_proj.weight") for p in "qkv"])
+        bias = optional(weights, prefix + "qkv_proj.bias")
+        if bias is None and prefix + "q_proj.bias" in weights:
+            bias = torch.cat([as_float(weights.pop(prefix + f"{p}_proj.bias")) for p in "qkv"])
+        self.method = method
+        self.qkv_proj = method.linear(fused, bias)
+        self.o_proj = method.linear(
+            weights.pop(prefix + "o_proj.weight"), optional(weights, prefix + "o_proj.bias")
+        )
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm is not None:
+            self.q_norm = norm_weight(weights.pop(prefix + "q_norm.weight"), norm_offset)
+            self.k_norm = norm_weight(weights.pop(prefix + "k_norm.weight"), norm_offset)
+        sinks = optional(weights, prefix + "sinks")
+        self.sinks = None if sinks is None else as_float(sinks).float().contiguous()
+        self.qk_norm, self.eps, self.clip = cfg.qk_norm, cfg.rms_norm_eps, cfg.clip_qkv
+        self.rope = rope
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim, self.q_size, self.kv_size = cfg.head_dim, cfg.q_size, cfg.kv_size
+        self.window = cfg.layer_window(layer)
+        scalar = cfg.query_pre_attn_scalar
+        self.scale = (scalar if scalar is not None else cfg.head_dim) ** -0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,  # normalized hidden states [T, hidden]
+        positions: torch.Tensor,
+        attn: AttentionBackend,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        m, t, hd = self.method, x.shape[0], self.head_dim
+        qkv = self.qkv_proj(m.activation(x))
+        if self.clip is not None:
+            qkv = qkv.clamp(-self.clip, self.clip)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=1)
+        if self.qk_norm == "proj":  # OLMoE: one norm over all heads
+            q, k = (
+                F.rms_norm(q, (self.q_size,), self.q_norm, self.eps),
+                F.rms_norm(k, (self.kv_size,), self.k_norm, self.eps),
+            )
+        q, k = q.reshape(t, self.num_heads, hd), k.reshape(t, self.num_kv_heads, hd)
+        if self.qk_norm == "head":
+            q = F.rms_norm(q, (hd,), self.q_norm, self.eps)
+            k = F.rms_norm(k, (hd,), self.k_norm, self.eps)
+        q, k = self.rope.apply(positions, q), self.rope.apply(positions, k)
+        v = v.reshape(t, self.num_kv_heads, hd)
+        layer_attn = attn.for_layer(self.window, self.scale, self.sinks)
+        out = layer_attn.forward(q.contiguous(), k.contiguous(), v, kv_cache, meta)
+        return self.o_proj(m.activation(out), residual=residual)
+
+
+def gated_activation(method: FloatMethod, gate_up: torch.Tensor, act: str):
+    """act(gate) * up on [T, 2I] (gate first), ready for the down projection."""
+    if act == "silu":
+        return method.silu_mul(gate_up)
+    half = gate_up.shape[1] // 2
+    return method.activation(F.gelu(gate_up[:, :half], approximate="tanh") * gate_up[:, half:])
+
+
+class GatedMLP:
+    """down(act(gate(x)) * up(x)); gate and up fused into one projection."""
+
+    def __init__(self, weights: dict, prefix: str, method: FloatMethod, act: str) -> None:
+        fused = weights.pop(prefix + "gate_up_proj.weight", None)
+        if fused is None:
+            fused = cat_rows(
+                [weights.pop(prefix + "gate_proj.weight"), weights.pop(prefix + "up_proj.weight")]
+            )
+        self.method, self.act = method, act
+        self.gate_up_proj = method.linear(fused)
+        self.down_proj = method.linear(weights.pop(prefix + "down_proj.weight"))
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(self.method.activation(x))
+        return self.down_proj(gated_activation(self.method, gate_up, self.act), residual=residual)

@@ -1,0 +1,126 @@
+"""Mixture-of-experts feed-forward: a router picks each token's top-k experts, the tokens are
+grouped by expert (sorted once per step) and each expert runs one matmul over all of its
+tokens, the outputs scattered back weighted by the routing weights. Routing as each family
+defines it: softmax then top-k, renormalised or not (Mixtral, Qwen3-MoE, OLMoE), or top-k
+then softmax over the chosen logits (GPT-OSS). Counts tokens per expert for /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from tokenmill.model.arch_config import ArchConfig
+from tokenmill.model.linear import FloatMethod
+from tokenmill.model.models.layers import GatedMLP
+from tokenmill.model.packed import as_float, cat_rows
+
+Routing = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def softmax_topk(renormalize: bool) -> Routing:
+    """Probabilities over all experts, the k largest kept (renormalised to sum to 1)."""
+
+    def route(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, ids = torch.topk(probs, k, dim=-1)
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+
+    return route
+
+
+def topk_softmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest logits, softmax over them (GPT-OSS)."""
+    top, ids = torch.topk(logits.float(), k, dim=-1)
+    return torch.softmax(top, dim=-1), ids
+
+
+class ClampedSwiGLUExpert:
+    """GPT-OSS's expert: gate clamped from above, up to [-limit, limit],
+    (up + 1) * gate * sigmoid(alpha * gate); gate and up rows fused, biases on both."""
+
+    def __init__(self, weights: dict, prefix: str, method: FloatMethod, cfg: ArchConfig):
+        gate_up = cat_rows([weights.pop(prefix + "gate_proj.weight"),
+                            weights.pop(prefix + "up_proj.weight")])  # fmt: skip
+        bias = torch.cat([as_float(weights.pop(prefix + "gate_proj.bias")),
+                          as_float(weights.pop(prefix + "up_proj.bias"))])  # fmt: skip
+        self.method = method
+        self.gate_up_proj = method.linear(gate_up, bias)
+        self.down_proj = method.linear(
+            weights.pop(prefix + "down_proj.weight"), weights.pop(prefix + "down_proj.bias")
+        )
+        self.limit, self.alpha = cfg.swiglu_limit, cfg.swiglu_alpha
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(self.method.activation(x))
+        half = gate_up.shape[1] // 2
+        gate = gate_up[:, :half].clamp(max=self.limit)
+        up = gate_up[:, half:].clamp(-self.limit, self.limit)
+        act = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+        return self.down_proj(self.method.activation(act))
+
+
+class SparseMoE:
+    """Router + experts of one layer. Weights (HF naming, the family module's job to
+    normalise): `{prefix}gate.weight` (+ `.bias`), `{prefix}experts.{e}.{gate,up,down}_proj`."""
+
+    def __init__(
+        self,
+        cfg: ArchConfig,
+        weights: dict,
+        prefix: str,
+        method: FloatMethod,
+        routing: Routing,
+        expert: Callable[[dict, str], Callable[[torch.Tensor], torch.Tensor]] | None = None,
+    ) -> None:
+        self.method = method
+        self.gate = method.linear(
+            weights.pop(prefix + "gate.weight"), weights.pop(prefix + "gate.bias", None)
+        )
+        make = expert or (lambda w, p: GatedMLP(w, p, method, cfg.hidden_act))
+        self.experts = [make(weights, f"{prefix}experts.{e}.") for e in range(cfg.num_experts)]
+        self.top_k, self.routing = cfg.num_experts_per_tok, routing
+        self.tokens_per_expert = torch.zeros(cfg.num_experts, dtype=torch.int64)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] float32, expert ids [T, k])."""
+        return self.routing(self.gate(self.method.activation(x)), self.top_k)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
+        counts = torch.bincount(flat, minlength=len(self.experts))
+        self.tokens_per_expert += counts
+        rows_of = order // self.top_k
+        weight_of = weights.flatten()[order].to(x.dtype)
+        out = torch.zeros_like(x)
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            if not n:
+                continue
+            rows = rows_of[start : start + n]
+            y = self.experts[e](x[rows])
+            out.index_add_(0, rows, y.mul_(weight_of[start : start + n, None]))
+            start += n
+        return out
+
+    def per_token(self, x: torch.Tensor) -> torch.Tensor:
+        """The same result one token and one expert at a time (the benchmark's baseline)."""
+        weights, ids = self.route(x)
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for j in range(self.top_k):
+                y = self.experts[int(ids[t, j])](x[t : t + 1])
+                out[t] += y[0] * weights[t, j]
+        return out
+
+
+def dense_or_sparse(cfg: ArchConfig, weights: dict, prefix: str, method: FloatMethod,
+                    layer: int, routing: Routing, expert=None):  # fmt: skip
+    """The layer's feed-forward: a SparseMoE where the config has experts, else GatedMLP."""
+    if cfg.is_moe_layer(layer):
+        return SparseMoE(cfg, weights, prefix, method, routing, expert)
+    return GatedMLP(weights, prefix, method, cfg.hidden_act)
