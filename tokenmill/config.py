@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tokenmill import envs
+from tokenmill.platform import DEVICES
 from tokenmill.quant.plan import QuantPlan, read_plan
 from tokenmill.quant.schemes import SCHEMES
 from tokenmill.sampling_params import RepetitionDetection
@@ -18,6 +19,8 @@ WEIGHT_FORMATS = SCHEMES
 DTYPES = ("float32", "bfloat16")  # --dtype, the older spelling of --weights
 QUANTIZATIONS = ("int8",)  # --quantization, ditto
 SCHEDULING_POLICIES = ("fcfs", "priority")
+ATTENTION_BACKENDS = ("auto", "native", "torch", "triton")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class ModelConfig:
     dequant_cache_bytes: int = 2 * (1 << 30)
     # Refuse to start when the weights' KL divergence from float32 exceeds this.
     max_kld: float | None = None
+    # "auto": the folder's or file's weights; "dummy": random weights of config.json's shapes
+    # (benchmarks of real shapes with nothing downloaded)
+    load_format: str = "auto"
     # The quantization plan these fields describe (a plan file is read once, here).
     plan: QuantPlan = field(init=False, repr=False, compare=False)
 
@@ -76,6 +82,10 @@ class ModelConfig:
             raise ValueError("max_kld: must be a number >= 0")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError("max_model_len: must be positive")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(
+                f"load_format: unknown value {self.load_format!r} (one of {', '.join(LOAD_FORMATS)})"
+            )
         object.__setattr__(self, "plan", self._resolve_plan())
 
     @property
@@ -105,6 +115,9 @@ class CacheConfig:
 
     block_size: int = 16
     kv_cache_memory_bytes: int = 2 * GiB
+    # CUDA: the share of the GPU's memory the engine may use (weights, activations and KV
+    # blocks, sized from what is free after a warm-up forward)
+    gpu_memory_utilization: float = 0.9
     num_blocks_override: int | None = None  # tests force tiny pools with this
     enable_prefix_caching: bool = True
     # Lower tiers for evicted blocks (0 disables the tier).
@@ -118,6 +131,8 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size: must be a positive power of two")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization: must be in (0, 1]")
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes: must be positive")
         if self.num_blocks_override is not None and self.num_blocks_override < 1:
@@ -262,7 +277,13 @@ class EngineConfig:
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     num_threads: int = field(default_factory=default_num_threads)
-    device: str = "cpu"
+    # where the model runs: "auto" (cuda where torch sees a GPU, else cpu), "cpu" or "cuda"
+    device: str = "auto"
+    # attention kernels: "auto" (the device's best), "native" (the CPU's C kernel), "torch"
+    # (SDPA over gathered blocks) or "triton" (the GPU's paged kernel)
+    attention_backend: str = "auto"
+    # CUDA: decode and verification steps run eagerly instead of as captured CUDA graphs
+    enforce_eager: bool = False
     # Loop cut-off for requests that do not set their own (None: off).
     repetition_detection: RepetitionDetection | None = field(default_factory=RepetitionDetection)
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
@@ -273,6 +294,15 @@ class EngineConfig:
     warm_up: bool = True
     kv_transfer_config: KVTransferConfig = field(default_factory=KVTransferConfig)
     kernel_config: KernelConfig = field(default_factory=KernelConfig.from_env)
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device: unknown value {self.device!r} (one of {', '.join(DEVICES)})")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend: unknown value {self.attention_backend!r} "
+                f"(one of {', '.join(ATTENTION_BACKENDS)})"
+            )
 
 
 def kernels_in_force(config: EngineConfig, report: dict[str, Any] | None) -> EngineConfig:

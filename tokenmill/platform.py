@@ -56,3 +56,22 @@ def run_at_low_priority(fn: Callable[..., T], *args: Any) -> T:
     if not ok:
         raise value
     return value
+
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(device: str) -> str:
+    """--device: "auto" is cuda where torch sees a GPU, else cpu; "cuda" without one is an
+    error (never a silent fall-back to the CPU)."""
+    if device not in DEVICES:
+        raise ValueError(f"device: unknown value {device!r} (one of {', '.join(DEVICES)})")
+    if device == "cpu":
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if device == "cuda":
+        raise ValueError("device: 'cuda' asked for, but torch sees no CUDA device here")
+    return "cpu"

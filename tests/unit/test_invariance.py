@@ -153,5 +153,5 @@ def test_pure_torch_fallback_matches_native_kernels(
     expected = run_checked(native, prompts[:8])
     monkeypatch.setattr(ops, "kernels_available", lambda: False)
     fallback = LLM(str(tiny_llama_dir), quantization=quantization, kv_cache_memory_gib=0.1)
-    assert fallback.engine.core.runner.attn.name == "torch_sdpa"
+    assert fallback.engine.core.runner.attn.name == "torch"
     assert run_checked(fallback, prompts[:8]) == expected

@@ -12,11 +12,13 @@ from typing import Any
 
 from tokenmill import envs
 from tokenmill.config import (
+    ATTENTION_BACKENDS,
     DRAFT_POLICIES,
     DTYPES,
     KV_CARRIERS,
     KV_LOAD_FAILURE_POLICIES,
     KV_ROLES,
+    LOAD_FORMATS,
     QUANTIZATIONS,
     SCHEDULING_POLICIES,
     SPECULATIVE_METHODS,
@@ -41,6 +43,7 @@ from tokenmill.engine.arg_spec import (
     namespace_values,
     option,
 )
+from tokenmill.platform import DEVICES
 
 # A prefill worker's per-prompt share of a step (--long-prefill-token-threshold's default for
 # --role prefill): a short prompt arriving during an 8k one waits one ~0.6 s step on one
@@ -121,6 +124,26 @@ class EngineArgs:
     num_threads: int | None = option(
         "num_threads", "torch threads (default: all cores)", default=None
     )
+    device: str = option(
+        "device", "where the model runs: auto (cuda where torch sees a GPU, else cpu), cpu, "
+        "cuda", choices=DEVICES,
+    )  # fmt: skip
+    attention_backend: str = option(
+        "attention_backend", "attention kernels: auto (the device's best), native (the CPU's C "
+        "kernel), torch (SDPA), triton (the GPU's paged kernel)", choices=ATTENTION_BACKENDS,
+    )  # fmt: skip
+    enforce_eager: bool = option(
+        "enforce_eager", "CUDA: run decode steps eagerly instead of as captured CUDA graphs",
+        kind="toggle",
+    )  # fmt: skip
+    gpu_memory_utilization: float = option(
+        C + "gpu_memory_utilization", "CUDA: share of the GPU's memory the engine may use "
+        "(KV blocks sized from what a warm-up forward leaves free)", metavar="FRACTION",
+    )  # fmt: skip
+    load_format: str = option(
+        M + "load_format", "dummy: random weights of the folder's config.json shapes (benchmark "
+        "real shapes with nothing downloaded)", choices=LOAD_FORMATS,
+    )  # fmt: skip
     seed: int = option(M + "seed")
     enable_prefix_caching: bool = option(
         C + "enable_prefix_caching", "disable prefix caching", flag="--no-prefix-caching",

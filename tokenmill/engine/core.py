@@ -24,12 +24,14 @@ from tokenmill.kv.hashing import block_hashes
 from tokenmill.kv.manager import KVCacheManager, cdiv
 from tokenmill.kv.offload import DiskTier, HostTier, TieredStore
 from tokenmill.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from tokenmill.model.attention_backends import get_attention_backend
 from tokenmill.model.bert import build_encoder
 from tokenmill.model.linear import NativeMethod, get_linear_method
 from tokenmill.model.model_files import ModelFiles
 from tokenmill.model.models import build_model
 from tokenmill.model.prefetch import WeightPrefetch
 from tokenmill.model.row_kernels import INT_DOT_KINDS, row_setting
+from tokenmill.platform import cpu_model, resolve_device
 from tokenmill.quant.weights import load_for_plan
 from tokenmill.request import Request, RequestStatus
 from tokenmill.sampling_params import RepetitionDetection, SamplingParams
@@ -41,6 +43,7 @@ from tokenmill.spec.traffic import TrafficRecorder
 from tokenmill.stats import SchedulerStats
 from tokenmill.structured.loops import RepetitionDetector
 from tokenmill.structured.manager import StructuredOutputManager
+from tokenmill.worker.gpu_memory import profile_num_blocks
 from tokenmill.worker.model_runner import ModelRunner, kv_bytes_per_block
 
 logger = logging.getLogger(__name__)
@@ -94,6 +97,7 @@ class EngineCore:
         self.profile = profile = profile or StartupProfile("engine-core", origin=time.time())
         torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.model_config.seed)
+        self.device = resolve_device(config.device)
         t0 = time.monotonic()
         files = self._build_model(model_files, prefetch)
         arch = files.arch
@@ -103,19 +107,23 @@ class EngineCore:
         if encoder_only:
             self.config = config = encoder_engine_config(config, model_len)
         cache = config.cache_config
-        kv_dtype = torch.float32
-        num_blocks = cache.num_blocks_override or max(
-            1,
-            cache.kv_cache_memory_bytes
-            // kv_bytes_per_block(self.model, cache.block_size, kv_dtype),
-        )
+        kv_dtype = self.model.method.dtype  # fp32 on the CPU, bf16 on a GPU
+        attn_backend = get_attention_backend(config.attention_backend, self.device)
+        if cache.num_blocks_override:
+            num_blocks = cache.num_blocks_override
+        elif self.device != "cpu":
+            num_blocks = profile_num_blocks(self.model, attn_backend, config, kv_dtype)
+        else:
+            kv_bytes = kv_bytes_per_block(self.model, cache.block_size, kv_dtype)
+            num_blocks = max(1, cache.kv_cache_memory_bytes // kv_bytes)
         # A sequence can never grow beyond what the whole pool holds.
         self.max_model_len = min(model_len, num_blocks * cache.block_size)
         check_schedulable(config.scheduler_config, self.max_model_len)
         self.vocab_size = arch.vocab_size
         self.structured = StructuredOutputManager(self.tokenizer, self.vocab_size)
         self.runner = ModelRunner(
-            self.model, num_blocks, cache.block_size, kv_dtype=kv_dtype, device=config.device,
+            self.model, num_blocks, cache.block_size, attention_backend=attn_backend.name,
+            kv_dtype=kv_dtype, device=self.device,
             structured=self.structured,
         )  # fmt: skip
         profile.mark("allocate KV cache")
@@ -177,9 +185,17 @@ class EngineCore:
         plan = config.model_config.plan
         files = model_files
         if files is None:
-            files = load_for_plan(config.model_config.model, plan, prefetch)
+            model_config = config.model_config
+            files = load_for_plan(
+                model_config.model, plan, prefetch, model_config.load_format, self.device
+            )
             profile.mark("read weights")
-        if plan.method == "native":
+        method_name = plan.method
+        if self.device != "cpu":
+            if plan.overrides:
+                raise ValueError("quant_plan: per-group formats run on the CPU only")
+            method_name = plan.scheme
+        if plan.method == "native" and self.device == "cpu":
             ops.load_kernels()  # built once per machine, then loaded from the cache
             profile.mark("native kernels")
         self.model_name = files.name
@@ -190,7 +206,11 @@ class EngineCore:
             files.weights,
             max_positions=config.model_config.max_model_len or arch.max_position_embeddings,
             method=get_linear_method(
-                plan.method, config.model_config.dequant_cache_bytes, prefetch, config.kernel_config
+                method_name,
+                config.model_config.dequant_cache_bytes,
+                prefetch,
+                config.kernel_config,
+                self.device,
             ),
             rope_freq_factors=files.rope_freq_factors,
         )
@@ -403,6 +423,17 @@ class EngineCore:
         limit = self.model.method.choose_row_kernels()
         self.profile.mark("choose row kernels")
         return dataclasses.replace(kernels, int_dot_max_rows=row_setting(limit))
+
+    def device_info(self) -> dict:
+        """Where the model runs (/server_info, /v1/models)."""
+        name = cpu_model() if self.device == "cpu" else torch.cuda.get_device_name(self.device)
+        return {
+            "type": self.device,
+            "name": name,
+            "attention_backend": self.runner.attn.name,
+            "dtype": str(self.model.method.dtype).removeprefix("torch."),
+            "kv_dtype": str(self.runner.kv_caches[0].dtype).removeprefix("torch."),
+        }
 
     def kernel_info(self) -> dict:
         """The kernel switches in force (the integer-dot row limit as measured or stored for

@@ -55,6 +55,7 @@ class EngineCoreProc:
             "weights_kld": core.weights_kld,
             "speculative": core.speculative_info(),
             "kernels": core.kernel_info(),
+            "device": core.device_info(),
             "pooling": core.pooling.to_info(),
             "pid": os.getpid(),
             "startup": core.profile.to_dict(),

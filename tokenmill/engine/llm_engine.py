@@ -12,6 +12,7 @@ from tokenmill.engine.processor import InputProcessor, PromptType
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.model.prefetch import WeightPrefetch
 from tokenmill.outputs import RequestOutput
+from tokenmill.platform import resolve_device
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.quant.weights import load_for_plan
 from tokenmill.sampling_params import SamplingParams
@@ -21,7 +22,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, prefetch: WeightPrefetch | None = None) -> None:
         """`prefetch`: native weights being prepared since before torch was imported."""
         profile = StartupProfile("LLM", origin=time.time())  # logged at debug level
-        files = load_for_plan(config.model_config.model, config.model_config.plan, prefetch)
+        mc = config.model_config
+        device = resolve_device(config.device)
+        files = load_for_plan(mc.model, mc.plan, prefetch, mc.load_format, device)
         profile.mark("read weights")
         self.chat_template = files.chat_template
         self.core = EngineCore(config, files, profile, prefetch)

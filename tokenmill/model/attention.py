@@ -148,7 +148,7 @@ class AttentionBackend(ABC):
 class TorchSDPABackend(AttentionBackend):
     """Portable backend: block gather + torch scaled_dot_product_attention."""
 
-    name = "torch_sdpa"
+    name = "torch"
 
     def forward(self, q, k, v, kv_cache, meta):
         nkv, hd = self.num_kv_heads, self.head_dim
@@ -234,7 +234,7 @@ class CPUPagedBackend(TorchSDPABackend):
     """Decodes read K/V straight from the paged cache in a native kernel (no gather);
     multi-token chunks use torch SDPA."""
 
-    name = "cpu_paged"
+    name = "native"
 
     @classmethod
     def available(cls) -> bool:
@@ -256,21 +256,3 @@ class CPUPagedBackend(TorchSDPABackend):
             self.sliding_window,
         )
         return out.view(q.shape[0], self.num_heads * self.head_dim)
-
-
-ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {
-    CPUPagedBackend.name: CPUPagedBackend,
-    TorchSDPABackend.name: TorchSDPABackend,
-}
-
-
-def get_attention_backend(name: str | None = None) -> type[AttentionBackend]:
-    """The named backend, or the first available one (native first) when name is None."""
-    if name is None:
-        return next(b for b in ATTENTION_BACKENDS.values() if b.available())
-    if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; known: {sorted(ATTENTION_BACKENDS)}")
-    backend = ATTENTION_BACKENDS[name]
-    if not backend.available():
-        raise ValueError(f"attention backend {name!r} is not available on this machine")
-    return backend

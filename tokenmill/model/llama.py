@@ -14,22 +14,9 @@ from tokenmill.kernels import ops
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
 from tokenmill.model.fused_decode import FusedDecoder, decode_only
-from tokenmill.model.linear import FloatMethod, prepared
-from tokenmill.model.packed import PackedWeight, as_float, cat_rows
-from tokenmill.model.prefetch import ROWS, WeightPrefetch
+from tokenmill.model.linear import FloatMethod, dense_table  # noqa: F401 (re-exported)
+from tokenmill.model.packed import PackedWeight, cat_rows
 from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
-
-
-def dense_table(weight, prefetch: WeightPrefetch | None = None) -> torch.Tensor:
-    """A weight in float32; packed ones through the native dequantizer (bit-exact with
-    gguf's, and ~10x faster: 0.6 s -> 0.05 s for SmolLM2's embedding table), or as the
-    start-up prefetch computed it."""
-    if isinstance(weight, PackedWeight) and ops.kernels_available():
-        table = prepared(prefetch, ROWS, weight)
-        if table is not None:
-            return table
-        return ops.dequant_matrix(weight, torch.empty(weight.rows * weight.cols))
-    return as_float(weight).contiguous()
 
 
 class LlamaLayer:
@@ -55,8 +42,8 @@ class LlamaLayer:
             cat_rows([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")])
         )
         self.down_proj = method.linear(w("mlp.down_proj.weight"))
-        self.input_norm = as_float(w("input_layernorm.weight")).contiguous()
-        self.post_attn_norm = as_float(w("post_attention_layernorm.weight")).contiguous()
+        self.input_norm = method.param(w("input_layernorm.weight"))
+        self.post_attn_norm = method.param(w("post_attention_layernorm.weight"))
         self.eps = cfg.rms_norm_eps
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -106,22 +93,22 @@ class LlamaForCausalLM:
         self.method = method = method or FloatMethod()
         weights = dict(weights)
         embed = weights.pop("model.embed_tokens.weight")
-        self.embed_tokens = dense_table(embed, method.prefetch)  # lookups read a few rows
+        self.embed_tokens = method.table(embed)  # lookups read a few rows
         self.layers = [
             LlamaLayer(cfg, weights, f"model.layers.{i}.", method)
             for i in range(cfg.num_hidden_layers)
         ]
-        self.norm = as_float(weights.pop("model.norm.weight")).contiguous()
+        self.norm = method.param(weights.pop("model.norm.weight"))
         lm_head = weights.pop("lm_head.weight", None)
         if lm_head is None or cfg.tie_word_embeddings:
             # tied: the native method reads the packed table, the others the float one
             lm_head = embed if isinstance(embed, PackedWeight) else self.embed_tokens
-        self.lm_head = method.linear(lm_head)
+        self.lm_head = method.lm_head(lm_head)
         leftover = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
         if leftover:
             raise ValueError(f"unused weights in checkpoint: {leftover[:5]}")
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
-        self.rope = RotaryEmbedding(cfg.head_dim, max_positions, inv_freq)
+        self.rope = RotaryEmbedding(cfg.head_dim, max_positions, inv_freq, method.device)
         self._fused: FusedDecoder | None = None  # built at the first step it can run
         self._fused_checked_for: list[torch.Tensor] | None = None
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tokenmill.model.dummy_weights import dummy_weights
 from tokenmill.model.gguf_file import F16, F32, GGUFFile
 from tokenmill.model.gguf_layout import (
     GGUF_CONFIG_TENSORS,
@@ -38,13 +39,23 @@ def load_model_files(
     with_weights: bool = True,
     packed: bool = False,
     prefetch: WeightPrefetch | None = None,
+    load_format: str = "auto",
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> ModelFiles:
     """Reads a model; `with_weights=False` reads only what a front end needs (tokenizer,
     chat template, architecture: model_files.read_model_info, which is fast and torch-free).
-    `prefetch`: a start-up prefetch of this model that has read the GGUF header already."""
+    `prefetch`: a start-up prefetch of this model that has read the GGUF header already.
+    `load_format` "dummy": random weights made on `device` in `dtype` (dummy_weights.py)."""
     if not with_weights:
         return read_model_info(model)
     name, path, kind = model_source(model)
+    if load_format == "dummy":
+        if kind != "hf":
+            raise ValueError(f"load_format: dummy needs a folder with config.json, got {path}")
+        files = hf_model_info(name, path)
+        files.weights.update(dummy_weights(path, device, dtype))
+        return files
     if kind == "gguf":
         return _load_gguf(name, path, packed, prefetch.gguf_file() if prefetch else None)
     return _load_hf_folder(name, path)

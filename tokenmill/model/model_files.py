@@ -113,7 +113,9 @@ def hf_model_info(name: str, path: Path) -> ModelFiles:
     config = _read_json(path / "config.json")
     arch = encoder_arch(config) or ArchConfig.from_hf_config(config)
     if not (path / "tokenizer.json").exists():
-        raise ValueError(f"{path}: tokenizer.json is missing")
+        if any(path.glob("*.safetensors")) or not config:
+            raise ValueError(f"{path}: tokenizer.json is missing")
+        return _with_embedded_tokenizer(name, path, arch)
     tok_config = _read_json(path / "tokenizer_config.json")
     gen_config = _read_json(path / "generation_config.json")
     eos = gen_config.get("eos_token_id", config.get("eos_token_id"))
@@ -129,3 +131,15 @@ def hf_model_info(name: str, path: Path) -> ModelFiles:
         template_source = jinja_file.read_text()
     template = ChatTemplate(template_source, tokenizer.bos_token, tokenizer.eos_token)
     return ModelFiles(name, path, arch, {}, tokenizer, template)
+
+
+def _with_embedded_tokenizer(name: str, path: Path, arch: ArchConfig) -> ModelFiles:
+    """A folder with only config.json (benchmarks of real shapes, --load-format dummy): the
+    embedded model's tokenizer and chat template, whose ids all fit a larger vocabulary."""
+    embedded = read_model_info(None)
+    if embedded.tokenizer.vocab_size > arch.vocab_size:
+        raise ValueError(
+            f"{path}: no tokenizer.json, and the embedded tokenizer's "
+            f"{embedded.tokenizer.vocab_size} ids do not fit vocab_size {arch.vocab_size}"
+        )
+    return ModelFiles(name, path, arch, {}, embedded.tokenizer, embedded.chat_template)

@@ -39,16 +39,23 @@ def rope_inv_freq(
 class RotaryEmbedding:
     """Precomputed cos/sin tables, applied in place to query and key heads."""
 
-    def __init__(self, head_dim: int, max_positions: int, inv_freq: torch.Tensor) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        max_positions: int,
+        inv_freq: torch.Tensor,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.head_dim = head_dim
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
-        self.cos = freqs.cos().contiguous()  # [max_positions, head_dim / 2]
-        self.sin = freqs.sin().contiguous()
+        self.cos = freqs.cos().contiguous().to(device)  # [max_positions, head_dim / 2]
+        self.sin = freqs.sin().contiguous().to(device)
 
     def apply(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """x: [num_tokens, num_heads, head_dim] -> rotated copy."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        """x: [num_tokens, num_heads, head_dim] -> rotated copy, in x's dtype (the tables
+        rounded to it first, as transformers does)."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

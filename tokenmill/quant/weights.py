@@ -22,10 +22,21 @@ logger = logging.getLogger(__name__)
 
 
 def load_for_plan(
-    model: str | None, plan: QuantPlan, prefetch: WeightPrefetch | None = None
+    model: str | None,
+    plan: QuantPlan,
+    prefetch: WeightPrefetch | None = None,
+    load_format: str = "auto",
+    device: str = "cpu",
 ) -> ModelFiles:
-    """The model's files with weights prepared for `plan` (see apply_plan)."""
-    files = load_model_files(model, packed=plan.loads_packed, prefetch=prefetch)
+    """The model's files with weights prepared for `plan` (see apply_plan). On a GPU the
+    weights stay float (the device's method converts them there); dummy weights are made
+    on the device in its dtype."""
+    if device != "cpu":
+        dtype = torch.float32 if plan.scheme == "float32" else torch.bfloat16
+        return load_model_files(model, load_format=load_format, device=device, dtype=dtype)
+    files = load_model_files(
+        model, packed=plan.loads_packed, prefetch=prefetch, load_format=load_format
+    )
     apply_plan(files, plan)
     return files
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,18 @@ class SamplingMetadata:
     closing: dict[
         int, list[int]
     ]  # constrained rows that should close their output -> output so far
+
+    def to(self, device: torch.device) -> SamplingMetadata:
+        """These rows' tensors on `device` (itself where they are there already)."""
+        if self.temperature.device == device:
+            return self
+        moved = {
+            name: getattr(self, name).to(device, non_blocking=True)
+            for name in ("temperature", "top_k", "top_p", "min_p", "presence_penalty",
+                         "frequency_penalty", "repetition_penalty")
+            if getattr(self, name) is not None
+        }  # fmt: skip
+        return dataclasses.replace(self, **moved)
 
     @property
     def plain_greedy(self) -> bool:

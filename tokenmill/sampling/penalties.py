@@ -5,14 +5,16 @@ from __future__ import annotations
 import torch
 
 
-def token_counts(token_lists: list[list[int]], vocab_size: int) -> torch.Tensor:
-    """[rows, vocab] counts of each token id per row."""
-    counts = torch.zeros(len(token_lists), vocab_size, dtype=torch.float32)
-    for row, tokens in enumerate(token_lists):
-        if tokens:
-            ids = torch.tensor(tokens, dtype=torch.long)
-            counts[row].index_add_(0, ids, torch.ones(len(tokens)))
-    return counts
+def token_counts(
+    token_lists: list[list[int]], vocab_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """[rows, vocab] counts of each token id per row (built with one copy to `device`)."""
+    rows = [row for row, tokens in enumerate(token_lists) for _ in tokens]
+    ids = [token for tokens in token_lists for token in tokens]
+    flat = torch.tensor(rows, dtype=torch.long) * vocab_size + torch.tensor(ids, dtype=torch.long)
+    counts = torch.zeros(len(token_lists) * vocab_size, dtype=torch.float32, device=device)
+    counts.index_add_(0, flat.to(device), torch.ones(len(ids), device=device))
+    return counts.view(len(token_lists), vocab_size)
 
 
 def apply_penalties(
@@ -24,9 +26,9 @@ def apply_penalties(
     repetition_penalty: torch.Tensor,
 ) -> torch.Tensor:
     vocab = logits.shape[1]
-    output_counts = token_counts(output_token_ids, vocab)
+    output_counts = token_counts(output_token_ids, vocab, logits.device)
     if (repetition_penalty != 1.0).any():
-        seen = token_counts(prompt_token_ids, vocab).gt(0) | output_counts.gt(0)
+        seen = token_counts(prompt_token_ids, vocab, logits.device).gt(0) | output_counts.gt(0)
         rep = repetition_penalty.unsqueeze(1).expand_as(logits)
         penalized = torch.where(logits > 0, logits / rep, logits * rep)
         logits = torch.where(seen, penalized, logits)

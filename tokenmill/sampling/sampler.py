@@ -82,8 +82,8 @@ def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor | None = None) -> to
     cdf = probs.cumsum(dim=1)
     total = cdf[:, -1:]
     if u is None:
-        u = torch.rand(total.shape, dtype=cdf.dtype)
-    sampled = torch.searchsorted(cdf, u.to(cdf.dtype) * total, right=True).squeeze(1)
+        u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device)
+    sampled = torch.searchsorted(cdf, u.to(cdf) * total, right=True).squeeze(1)
     # u · total rounds up to total only with probability ~1e-7; take the likeliest token then.
     overflow = sampled >= probs.shape[1]
     if overflow.any():
@@ -98,13 +98,14 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
+        meta = meta.to(logits.device)
         raw_logprobs = logits.log_softmax(dim=1) if meta.max_num_logprobs is not None else None
 
         if meta.logit_bias or meta.blocked_tokens:
             logits = logits.clone()
             for row, bias in meta.logit_bias.items():
-                ids = torch.tensor(list(bias.keys()), dtype=torch.long)
-                logits[row, ids] += torch.tensor(list(bias.values()), dtype=torch.float32)
+                ids = torch.tensor(list(bias.keys()), dtype=torch.long, device=logits.device)
+                logits[row, ids] += torch.tensor(list(bias.values()), device=logits.device)
             for row, banned in meta.blocked_tokens.items():
                 logits[row, banned] = float("-inf")
         if meta.grammars:
@@ -158,6 +159,7 @@ class Sampler:
                         preferred[step] = True
                 if preferred.any():
                     allowed[r] = preferred
+        allowed = allowed.to(logits.device)
         constrained = logits[rows].masked_fill(~allowed, float("-inf"))
         # A ban (min_tokens, logit_bias) can leave nothing the grammar allows: the grammar wins.
         dead = torch.isinf(constrained).all(dim=1)
@@ -186,6 +188,6 @@ class Sampler:
         # (reproducible whatever else is in the batch, and the same token whether it was
         # drafted or not: speculative verification draws exactly these).
         for row, gen in meta.generators.items():
-            u = torch.rand((1, 1), generator=gen)
+            u = torch.rand((1, 1), generator=gen).to(probs.device)
             sampled[row] = inverse_cdf_sample(probs[row : row + 1], u)[0]
         return sampled

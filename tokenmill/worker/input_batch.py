@@ -19,6 +19,25 @@ class ModelInput:
     ordered: list[ScheduledRequest]  # decodes first, then chunks, in flat-batch order
     query_starts: list[int]  # row of each request's first token in the flat batch
 
+    def to(self, device: torch.device) -> ModelInput:
+        """The step's tensors on the compute device, copied once (asynchronously)."""
+        if device.type == "cpu":
+            return self
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        meta = self.attn_metadata
+        meta.slot_mapping = move(meta.slot_mapping)
+        meta.decode_block_table = move(meta.decode_block_table)
+        meta.decode_seq_lens = move(meta.decode_seq_lens)
+        for chunk in meta.chunks:
+            chunk.block_ids = move(chunk.block_ids)
+            chunk.mask = move(chunk.mask)
+        self.input_ids = move(self.input_ids)
+        self.positions = move(self.positions)
+        return self
+
 
 def build_model_input(
     scheduled: list[ScheduledRequest], block_size: int, sliding_window: int | None

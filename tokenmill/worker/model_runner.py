@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 from tokenmill.messages import PositionLogprobs
-from tokenmill.model.attention import AttentionBackend, get_attention_backend
+from tokenmill.model.attention import AttentionBackend
+from tokenmill.model.attention_backends import get_attention_backend
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.request import Request
 from tokenmill.sampling.metadata import SamplingMetadata
@@ -43,7 +44,8 @@ class ModelRunner:
         cfg = model.config
         self.model = model
         self.block_size = block_size
-        self.attn: AttentionBackend = get_attention_backend(attention_backend)(
+        self.device = torch.device(device)
+        self.attn: AttentionBackend = get_attention_backend(attention_backend, device)(
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
             cfg.head_dim,
@@ -91,6 +93,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         inp = build_model_input(sched.scheduled, self.block_size, self.model.config.sliding_window)
+        inp = inp.to(self.device)
         hidden = self.model.forward(
             inp.input_ids, inp.positions, self.kv_caches, self.attn, inp.attn_metadata
         )
@@ -231,7 +234,7 @@ class ModelRunner:
         for s in range(max(first, req.prompt_logprobs_upto), last, _PROMPT_LOGPROBS_SLICE):
             e = min(s + _PROMPT_LOGPROBS_SLICE, last)
             lp = self.model.compute_logits(hidden[s - first : e - first]).float().log_softmax(dim=1)
-            targets = torch.tensor(req.prompt_token_ids[s + 1 : e + 1], dtype=torch.long)
+            targets = torch.tensor(req.prompt_token_ids[s + 1 : e + 1], device=lp.device)
             tensors = gather_logprobs(lp, targets, k)
             result.extend(_position(tensors, row, k) for row in range(e - s))
         req.prompt_logprobs_upto = max(req.prompt_logprobs_upto, last)

@@ -64,6 +64,8 @@ def _model(state: ServerState, name: str) -> dict[str, Any]:
 def _weights_metadata(info: dict) -> dict:
     """How the weights run and, when --max-kld measured it, their KLD from float32."""
     meta: dict = {}
+    if info.get("device"):
+        meta["device"] = info["device"]["type"]
     if info.get("weights"):
         meta["weights"] = info["weights"]
     if info.get("quant_plan"):
