@@ -61,3 +61,52 @@ def test_longrope_tables_past_the_original_context():
         pos = torch.arange(2 * cut)[rows].float()
         expected = torch.outer(pos, inv_freq).cos() * scale
         assert (rope.cos[rows] - expected).abs().max().item() < 1e-5
+
+
+# GGUF stores no query_pre_attn_scalar for Gemma 3: llama.cpp takes head_dim
+_GGUF_OVERRIDES = {"gemma3": {"query_pre_attn_scalar": 16}}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_gguf_parity(tmp_path, family):
+    """A GGUF written from the same weights (llama.cpp's names and layouts) gives
+    transformers' logits and tokens."""
+    from tests.family_gguf import write_family_gguf
+
+    model = make_family_model(family, **_GGUF_OVERRIDES.get(family, {}))
+    path = tmp_path / f"{family}.gguf"
+    write_family_gguf(model, family, path)
+    llm = LLM(str(path), kv_cache_memory_gib=0.05, max_num_batched_tokens=64)
+    assert llm.engine.core.model.config.architecture == family
+    check_family(model, llm)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_moe_native_low_bit_experts(tmp_path, qtype):
+    """Quantized expert tensors stay packed (one PackedLinear per expert, the native kernels)
+    and give the float32 method's logits on the same file: both compute with the exactly
+    dequantized blocks."""
+    from tests.family_gguf import write_family_gguf
+    from tokenmill.model.linear import PackedLinear
+    from tokenmill.model.models.moe import SparseMoE
+
+    model = make_family_model("qwen3_moe", intermediate_size=64, moe_intermediate_size=64)
+    path = tmp_path / f"moe-{qtype}.gguf"
+    write_family_gguf(model, "qwen3_moe", path, qtype)
+    native = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
+    moe = [
+        layer.mlp for layer in native.engine.core.model.layers if isinstance(layer.mlp, SparseMoE)
+    ]
+    assert moe and all(
+        isinstance(e.gate_up_proj, PackedLinear) and isinstance(e.down_proj, PackedLinear)
+        for m in moe for e in m.experts
+    )  # fmt: skip
+    reference = LLM(str(path), kv_cache_memory_gib=0.05, weights="float32")
+    for prompt in PROMPTS:
+        ours = sequence_logits(native.engine.core, prompt)
+        ref = sequence_logits(reference.engine.core, prompt)
+        assert (ours - ref).abs().max().item() <= 2e-3 * ref.abs().max().item()
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    got = native.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    want = reference.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]

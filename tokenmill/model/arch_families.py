@@ -233,6 +233,12 @@ def gguf_fields(gguf_arch: str, meta: dict[str, Any], tensors: dict[str, Any]) -
             ),
             norm_topk_prob=bool(key("expert_weights_norm", arch in ("mixtral", "qwen3_moe"))),
         )
+        if tensors:  # layers without a router run a dense MLP (Qwen3-MoE's mlp_only_layers)
+            fields["dense_layers"] = tuple(
+                i
+                for i in range(fields["num_hidden_layers"])
+                if f"blk.{i}.ffn_gate_inp.weight" not in tensors
+            )
     family = _GGUF_FAMILY.get(arch)
     if family is not None:
         family(fields, key, tensors)
@@ -285,7 +291,10 @@ def _gguf_gpt_oss(fields: dict[str, Any], key: Callable, tensors: dict[str, Any]
     fields["layer_types"] = tuple(
         "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
     )
-    fields["swiglu_limit"] = float(key("swiglu_clamp_exp") or 7.0)
+    limit = key("swiglu_clamp_exp")  # a value per layer in newer files
+    if isinstance(limit, list):
+        limit = next((v for v in limit if v), None)
+    fields["swiglu_limit"] = float(limit or 7.0)
     if key("rope.scaling.type") == "yarn":
         fields["rope_scaling"] = {
             "rope_type": "yarn",
