@@ -31,6 +31,7 @@ _SOURCES = [
         "decode_attention.c",
         "quant_kernels.c",
         "int_dot_kernels.c",
+        "int_dot_gemm.c",
         "decode_layers.c",
         "draft_chain.c",
     )
@@ -147,6 +148,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_int_dot_repack": [p, i32, i64, i64, p],
         "tm_int_dot_linear": [p, i64, i64, p, i32, i64, p, p, i32, i32],
         "tm_int_dot_linear_reference": [p, i64, i64, p, i32, i64, p],
+        "tm_int_dot_gemm": [p, i64, i64, p, i32, i64, p, p, i32, i32, i32],
+        "tm_int_dot_gemm_reference": [p, i64, i64, p, i32, i64, p, i32],
         "tm_int_dot_bound_table": [p, i32, i64, i64, p],
         "tm_int_dot_argmax": [p, i64, i64, p, i32, i64, p, p, i32],
         "tm_decode_layers": [p, i64, p, p, p, i32],

@@ -209,6 +209,28 @@ def int_dot_linear(
     return _packed_linear(load_kernels().tm_int_dot_linear, x, repacked, weight, bias, out)
 
 
+def int_dot_gemm(
+    x: torch.Tensor,  # [M, K] fp32, contiguous
+    repacked: torch.Tensor,  # int_dot_repack(weight)
+    weight,  # the PackedWeight it came from (format and shape)
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None = None,  # given: accumulate into it (residual add)
+    bits: int = 24,
+) -> torch.Tensor:
+    """The integer-dot GEMM (many rows: prefill, batched steps) on the same repacked weights,
+    with activations rounded to `bits` (24: int_dot_linear's results bit for bit; 8: one int8
+    per value and block, a third of the dot products)."""
+    m, k = x.shape
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(m, weight.rows, dtype=torch.float32)
+    load_kernels().tm_int_dot_gemm(
+        _p(x), m, k, _p(repacked), weight.qtype, weight.rows, _p(bias), _p(out), int(accumulate),
+        bits, _threads(),
+    )  # fmt: skip
+    return out
+
+
 def int_dot_bound_table(repacked: torch.Tensor, weight) -> torch.Tensor:
     """What bounds int_dot_argmax's estimates, per 16-row group and block (see
     tm_int_dot_bound_table): N / 16 * (K / 32 + 1) floats."""

@@ -16,6 +16,8 @@
 // rows' dot products. Q8_0 values are stored offset by 128 (u8), corrected per block.
 // Every implementation (AVX-512 VNNI, AVX2, plain C) runs the same per-row sequence of fp32
 // operations, so all give bit-identical results, independent of how many rows run together.
+// Many rows (prefill, batched steps) run the GEMM of int_dot_gemm.c on the same layout
+// (int_dot.h), which may round the activations to 16 or 8 bits instead.
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -25,33 +27,11 @@
 #include <immintrin.h>
 #endif
 
-enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8 };
-#define QK 32
-#define GROUP 16           // weight rows interleaved per group
-#define MAX_ROWS 8         // activation rows per call
-#define PREFETCH_BYTES 4096  // how far ahead of the weight stream to prefetch (measured)
-#define X_INT_MAX 8355711.0f  // 0x7F7F7F: |x_int| bound whose three balanced bytes fit int8
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "int_dot.h"
 
-static inline float fp16(const uint8_t* p) {
-    _Float16 h;
-    memcpy(&h, p, 2);
-    return (float)h;
-}
+#define PREFETCH_BYTES 4096  // how far ahead of the weight stream to prefetch (measured)
 
 static inline int supported(int qt) { return qt == QT_Q4_0 || qt == QT_Q4_1 || qt == QT_Q8_0; }
-
-// Bytes of one quantized dword block column (4 bytes per row per dword) of a group-block.
-static inline int group_qs_bytes(int qt) { return qt == QT_Q8_0 ? GROUP * QK : GROUP * QK / 2; }
-
-static inline int64_t group_block_bytes(int qt) {
-    switch (qt) {
-        case QT_Q4_0: return GROUP * 18;
-        case QT_Q4_1: return GROUP * 20;
-        case QT_Q8_0: return GROUP * 34;
-        default: return 0;
-    }
-}
 
 // Which implementation this build runs: 2 AVX-512 VNNI, 1 AVX2 (VNNI emulated), 0 plain C.
 int tm_int_dot_kind(void) {
@@ -92,24 +72,13 @@ void tm_int_dot_repack(const uint8_t* w, int qt, int64_t N, int64_t K, uint8_t* 
 
 // ---------------------------------------------------------------- activation rows
 
-typedef struct {
-    int8_t* planes;  // [M, 3, K]: the high, middle and low bytes of x_int
-    float* scale;    // [M, K / 32]
-    float* sum;      // [M, K / 32]: scale * sum of x_int
-    int32_t* psum;   // [M, K / 32, 3]: sum of each byte plane (the Q8_0 offset correction)
-} IntRows;
-
-static inline const int8_t* plane(const IntRows* q, int64_t m, int p, int64_t K) {
-    return q->planes + (3 * m + p) * K;
-}
-
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 // One 32-value block of an activation row as three byte planes (hi, mid, lo), its scale, its
 // scale * sum and its planes' sums; the vector bodies give the plain C body's results bit for
 // bit (max skips NaN as the scalar comparison does, and the block's sums are exact integers).
 // AVX-512: 16 lanes at a time.
 static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
-                                  float* sum, int32_t* psum) {
+                           float* sum, int32_t* psum, Precision pr) {
     const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
     // max(a, b) returns b when a is NaN: NaN skipped
     const __m512 zero = _mm512_setzero_ps();
@@ -118,15 +87,16 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
     const __mmask16 bad = _mm512_cmp_ps_mask(_mm512_mul_ps(x0, zero), zero, _CMP_NEQ_UQ) |
                           _mm512_cmp_ps_mask(_mm512_mul_ps(x1, zero), zero, _CMP_NEQ_UQ);
     const float nonfinite = bad ? NAN : 0.0f;
-    const float inv = amax > 0.0f && !bad ? X_INT_MAX / amax : 0.0f;
-    *scale = amax / X_INT_MAX + nonfinite;
-    const __m512 vinv = _mm512_set1_ps(inv), top = _mm512_set1_ps(X_INT_MAX), bottom = _mm512_set1_ps(-X_INT_MAX);
+    const float inv = amax > 0.0f && !bad ? pr.xmax / amax : 0.0f;
+    *scale = amax / pr.divisor + nonfinite;
+    const __m512 vinv = _mm512_set1_ps(inv), top = _mm512_set1_ps(pr.xmax), bottom = _mm512_set1_ps(-pr.xmax);
+    const __m128i shift = _mm_cvtsi32_si128(pr.shift);
     __m512i sh = _mm512_setzero_si512(), sm = sh, sl = sh, sv = sh;
     for (int half = 0; half < 2; half++) {
         __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(half ? x1 : x0, vinv),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        r = _mm512_min_ps(_mm512_max_ps(r, bottom), top);  // max(NaN, b) = b: NaN -> -X_INT_MAX
-        const __m512i v = _mm512_cvtps_epi32(r);
+        r = _mm512_min_ps(_mm512_max_ps(r, bottom), top);  // max(NaN, b) = b: NaN -> -xmax
+        const __m512i v = _mm512_sll_epi32(_mm512_cvtps_epi32(r), shift);
         const __m512i l = _mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24);
         const __m512i v1 = _mm512_srai_epi32(_mm512_sub_epi32(v, l), 8);
         const __m512i md = _mm512_srai_epi32(_mm512_slli_epi32(v1, 24), 24);
@@ -159,7 +129,7 @@ static inline void store_bytes(int8_t* out, const __m256i v[4]) {
 
 // AVX2: 8 lanes at a time.
 static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
-                                float* sum, int32_t* psum) {
+                           float* sum, int32_t* psum, Precision pr) {
     const __m256 zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
     __m256 x[4], amax8 = zero;
     int bad = 0;
@@ -172,14 +142,15 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
     const float nonfinite = bad ? NAN : 0.0f;
-    const float inv = amax > 0.0f && !bad ? X_INT_MAX / amax : 0.0f;
-    *scale = amax / X_INT_MAX + nonfinite;
-    const __m256 vinv = _mm256_set1_ps(inv), top = _mm256_set1_ps(X_INT_MAX), bottom = _mm256_set1_ps(-X_INT_MAX);
+    const float inv = amax > 0.0f && !bad ? pr.xmax / amax : 0.0f;
+    *scale = amax / pr.divisor + nonfinite;
+    const __m256 vinv = _mm256_set1_ps(inv), top = _mm256_set1_ps(pr.xmax), bottom = _mm256_set1_ps(-pr.xmax);
+    const __m128i shift = _mm_cvtsi32_si128(pr.shift);
     __m256i h[4], md[4], l[4], sv = _mm256_setzero_si256();
     for (int i = 0; i < 4; i++) {
         __m256 r = _mm256_round_ps(_mm256_mul_ps(x[i], vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        r = _mm256_min_ps(_mm256_max_ps(r, bottom), top);  // max(NaN, b) = b: NaN -> -X_INT_MAX
-        const __m256i v = _mm256_cvtps_epi32(r);
+        r = _mm256_min_ps(_mm256_max_ps(r, bottom), top);  // max(NaN, b) = b: NaN -> -xmax
+        const __m256i v = _mm256_sll_epi32(_mm256_cvtps_epi32(r), shift);
         l[i] = _mm256_srai_epi32(_mm256_slli_epi32(v, 24), 24);
         const __m256i v1 = _mm256_srai_epi32(_mm256_sub_epi32(v, l[i]), 8);
         md[i] = _mm256_srai_epi32(_mm256_slli_epi32(v1, 24), 24);
@@ -195,23 +166,23 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
 #else
 // Plain C.
 static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
-                           float* sum, int32_t* psum) {
+                           float* sum, int32_t* psum, Precision pr) {
     float amax = 0.0f, nonfinite = 0.0f;  // NaN when the block holds inf or NaN
     for (int j = 0; j < QK; j++) {  // fmaxf's result (NaN skipped), but inlined
         const float a = fabsf(xb[j]);
         amax = a > amax ? a : amax;
         nonfinite += xb[j] * 0.0f;
     }
-    const float inv = amax > 0.0f && nonfinite == 0.0f ? X_INT_MAX / amax : 0.0f;
-    const float s = amax / X_INT_MAX + nonfinite;  // a NaN scale: NaN out, as fp32 would
+    const float inv = amax > 0.0f && nonfinite == 0.0f ? pr.xmax / amax : 0.0f;
+    const float s = amax / pr.divisor + nonfinite;  // a NaN scale: NaN out, as fp32 would
     int64_t total = 0;
     int32_t sums[3] = {0, 0, 0};
     for (int j = 0; j < QK; j++) {
-        // fminf(fmaxf(r, -X_INT_MAX), X_INT_MAX) (NaN -> -X_INT_MAX), inlined
+        // fminf(fmaxf(r, -xmax), xmax) (NaN -> -xmax), inlined
         float r = rintf(xb[j] * inv);
-        r = r >= -X_INT_MAX ? r : -X_INT_MAX;
-        r = r <= X_INT_MAX ? r : X_INT_MAX;
-        const int32_t v = (int32_t)r;
+        r = r >= -pr.xmax ? r : -pr.xmax;
+        r = r <= pr.xmax ? r : pr.xmax;
+        const int32_t v = (int32_t)r * (1 << pr.shift);
         // balanced base-256 digits: v = 65536 hi + 256 mid + lo, each in [-127, 127]
         const int32_t l = (int8_t)(uint8_t)(v & 0xFF), v1 = (v - l) / 256;
         const int32_t md = (int8_t)(uint8_t)(v1 & 0xFF), h = (v1 - md) / 256;
@@ -229,17 +200,19 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
 }
 #endif
 
-static void quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q) {
+void int_dot_quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q, Precision pr,
+                           int nthreads) {
     const int64_t nb = K / QK;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1)
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) {
             int8_t* hi = q->planes + 3 * m * K + b * QK;
             quantize_block(x + m * K + b * QK, hi, hi + K, hi + 2 * K, q->scale + m * nb + b,
-                           q->sum + m * nb + b, q->psum + 3 * (m * nb + b));
+                           q->sum + m * nb + b, q->psum + 3 * (m * nb + b), pr);
         }
 }
 
-static IntRows alloc_rows(int64_t M, int64_t K, void** buffer) {
+IntRows int_dot_alloc_rows(int64_t M, int64_t K, void** buffer) {
     const int64_t nb = K / QK;
     char* p = malloc((size_t)(3 * M * K + sizeof(float) * 5 * M * nb));
     *buffer = p;
@@ -298,7 +271,7 @@ static void group_c_planes(int qt, int planes, const uint8_t* gw, int64_t nb, co
     }
 }
 
-static void group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M, int64_t K,
+void int_dot_group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M, int64_t K,
                     float out[][GROUP]) {
     group_c_planes(qt, 3, gw, nb, q, M, K, out);
 }
@@ -398,16 +371,23 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
     for (int64_t m = 0; m < M; m++) _mm512_storeu_ps(out[m], acc[m]);
 }
 
-static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+void int_dot_group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                        int64_t K, float out[][GROUP]) {
 #define GROUP_M(T, ROWS) group_avx512_t(T, 3, gw, nb, q, ROWS, K, out)
     FOR_FORMAT_AND_ROWS(qt, M, GROUP_M)
 #undef GROUP_M
 }
 
-static void group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+void int_dot_group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                             int64_t K, float out[][GROUP]) {
 #define GROUP_M(T, ROWS) group_avx512_t(T, 1, gw, nb, q, ROWS, K, out)
+    FOR_FORMAT_AND_ROWS(qt, M, GROUP_M)
+#undef GROUP_M
+}
+
+void int_dot_group_fast_two(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                            int64_t K, float out[][GROUP]) {
+#define GROUP_M(T, ROWS) group_avx512_t(T, 2, gw, nb, q, ROWS, K, out)
     FOR_FORMAT_AND_ROWS(qt, M, GROUP_M)
 #undef GROUP_M
 }
@@ -497,7 +477,7 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
     for (int64_t m = 0; m < M; m++) _mm256_storeu_ps(out[m] + 8 * h, acc[m]);
 }
 
-static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+void int_dot_group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                        int64_t K, float out[][GROUP]) {
     for (int h = 0; h < 2; h++) {
 #define HALF_M(T, ROWS) half_avx2_t(T, 3, gw, nb, q, ROWS, K, h, out)
@@ -506,7 +486,7 @@ static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, 
     }
 }
 
-static void group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+void int_dot_group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                             int64_t K, float out[][GROUP]) {
     for (int h = 0; h < 2; h++) {
 #define HALF_M(T, ROWS) half_avx2_t(T, 1, gw, nb, q, ROWS, K, h, out)
@@ -514,20 +494,32 @@ static void group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows
 #undef HALF_M
     }
 }
+
+void int_dot_group_fast_two(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                            int64_t K, float out[][GROUP]) {
+    for (int h = 0; h < 2; h++) {
+#define HALF_M(T, ROWS) half_avx2_t(T, 2, gw, nb, q, ROWS, K, h, out)
+        FOR_FORMAT_AND_ROWS(qt, M, HALF_M)
+#undef HALF_M
+    }
+}
 #else
-static void group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+void int_dot_group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                        int64_t K, float out[][GROUP]) {
-    group_c(qt, gw, nb, q, M, K, out);
+    int_dot_group_c(qt, gw, nb, q, M, K, out);
 }
 
-static void group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+void int_dot_group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                             int64_t K, float out[][GROUP]) {
     group_c_high(qt, gw, nb, q, M, K, out);
 }
+
+void int_dot_group_fast_two(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                            int64_t K, float out[][GROUP]) {
+    group_c_planes(qt, 2, gw, nb, q, M, K, out);
+}
 #endif
 
-typedef void (*GroupFn)(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
-                        int64_t K, float out[][GROUP]);
 
 // Rows 8 at a time (decode steps have at most 8): quantize them, then every group of 16
 // weight rows with `group`; y[m, n] = x[m] . W[n] (+ bias[n]) (+ y[m, n] when accumulating).
@@ -538,8 +530,8 @@ static void int_dot_rows(GroupFn group, const float* x, int64_t M, int64_t K, co
     for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
         const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
         void* buffer;
-        IntRows q = alloc_rows(rows, K, &buffer);
-        quantize_rows(x + m0 * K, rows, K, &q);
+        IntRows q = int_dot_alloc_rows(rows, K, &buffer);
+        int_dot_quantize_rows(x + m0 * K, rows, K, &q, BITS24, 1);
         float* yb = y + m0 * N;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t g = 0; g < N / GROUP; g++) {
@@ -559,13 +551,13 @@ static void int_dot_rows(GroupFn group, const float* x, int64_t M, int64_t K, co
 // y = x W^T (+ bias) (+ y when accumulating); w repacked by tm_int_dot_repack.
 void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
                        const float* bias, float* y, int accumulate, int nthreads) {
-    int_dot_rows(group_fast, x, M, K, w, qt, N, bias, y, accumulate, nthreads);
+    int_dot_rows(int_dot_group_fast, x, M, K, w, qt, N, bias, y, accumulate, nthreads);
 }
 
 // The plain C implementation whatever the build (tests compare the fast one against it).
 void tm_int_dot_linear_reference(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt,
                                  int64_t N, float* y) {
-    int_dot_rows(group_c, x, M, K, w, qt, N, NULL, y, 0, 1);
+    int_dot_rows(int_dot_group_c, x, M, K, w, qt, N, NULL, y, 0, 1);
 }
 
 // ---------------------------------------------------------------- greedy readout
@@ -626,8 +618,8 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
     for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
         const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
         void* buffer;
-        IntRows q = alloc_rows(rows, K, &buffer);
-        quantize_rows(x + m0 * K, rows, K, &q);
+        IntRows q = int_dot_alloc_rows(rows, K, &buffer);
+        int_dot_quantize_rows(x + m0 * K, rows, K, &q, BITS24, 1);
         float smax[MAX_ROWS];
         for (int64_t m = 0; m < rows; m++) {
             smax[m] = 0.0f;
@@ -636,7 +628,7 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
 #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t g = 0; g < groups; g++) {
             float part[MAX_ROWS][GROUP];
-            group_fast_high(qt, w + g * nb * gbb, nb, &q, rows, K, part);
+            int_dot_group_fast_high(qt, w + g * nb * gbb, nb, &q, rows, K, part);
             for (int64_t m = 0; m < rows; m++) {
                 float t = rounding * smax[m] * total[g];
                 for (int64_t b = 0; b < nb; b++) t += 32639.0f * q.scale[m * nb + b] * bounds[g * nb + b];
@@ -668,7 +660,7 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
             for (int64_t g = 0; g < groups; g++) {
                 if (hi[m * groups + g] < lower) continue;  // no output of it can be the largest
                 float exact[MAX_ROWS][GROUP];
-                group_fast(qt, w + g * nb * gbb, nb, &one, 1, K, exact);
+                int_dot_group_fast(qt, w + g * nb * gbb, nb, &one, 1, K, exact);
                 for (int r = 0; r < GROUP; r++) {
                     const float v = exact[0][r] + 0.0f;  // as tm_int_dot_linear stores it
                     if (v > best || best_n < 0) best = v, best_n = g * GROUP + r;

@@ -1,0 +1,108 @@
+"""The integer-dot GEMM (prefill and batched steps on Q4_0 / Q4_1 / Q8_0 blocks): every build
+(this CPU, AVX2, plain x86-64) gives the plain C reference's bits at each activation precision,
+a row's result does not depend on the rows beside it, 24 bits is the decode GEMV bit for bit,
+and the error stays within what the activation's rounding allows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.unit.test_native_weights import QTYPES, packed
+from tokenmill.kernels.build import build_kernels
+
+# the largest relative rounding of an activation value per precision: half a step of the
+# block's largest value (8 bits: 127 steps, 16: 32639, 24: 8355711), plus fp32's
+BOUND = {8: 0.5 / 127 + 1e-6, 16: 0.5 / 32639 + 1e-6, 24: 2e-6}
+
+
+@pytest.fixture(scope="module", params=["native", "haswell", "x86-64"])
+def lib(request):
+    lib = build_kernels(request.param)
+    if lib is None:
+        pytest.skip("no C compiler")
+    return lib
+
+
+def repack(lib, w) -> torch.Tensor:
+    out = torch.empty(w.data.numel(), dtype=torch.uint8)
+    lib.tm_int_dot_repack(w.data.data_ptr(), w.qtype, w.rows, w.cols, out.data_ptr())
+    return out
+
+
+def gemm(lib, x, w, bits, bias=None, out=None, threads=2) -> torch.Tensor:
+    accumulate = out is not None
+    if out is None:
+        out = torch.empty(x.shape[0], w.rows)
+    repacked = repack(lib, w)  # held: the call reads it
+    lib.tm_int_dot_gemm(
+        x.data_ptr(), x.shape[0], x.shape[1], repacked.data_ptr(), w.qtype, w.rows,
+        bias.data_ptr() if bias is not None else None, out.data_ptr(), int(accumulate), bits,
+        threads,
+    )  # fmt: skip
+    return out
+
+
+def reference(lib, x, w, bits) -> torch.Tensor:
+    out = torch.empty(x.shape[0], w.rows)
+    repacked = repack(lib, w)
+    lib.tm_int_dot_gemm_reference(
+        x.data_ptr(), x.shape[0], x.shape[1], repacked.data_ptr(), w.qtype, w.rows,
+        out.data_ptr(), bits,
+    )  # fmt: skip
+    return out
+
+
+def rows(m: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Rows of very different sizes, with one block of zeros."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.logspace(-3, 2, m)[:, None]
+    x[1, :32] = 0
+    return x
+
+
+@pytest.mark.parametrize("qtype", list(QTYPES))
+@pytest.mark.parametrize("bits", [8, 16, 24])
+def test_gemm_is_the_plain_c_reference_in_every_build(lib, qtype, bits):
+    w = packed(qtype, 48, 128)
+    x = rows(29, 128)  # two full 12-row tiles and a partial one; 3 full 8-row tiles and 5
+    ours = gemm(lib, x, w, bits)
+    assert torch.equal(ours, reference(lib, x, w, bits))
+    assert torch.equal(ours, gemm(build_kernels("x86-64"), x, w, bits))
+    expected = x.double() @ w.dequantize().double().t()
+    scale = x.abs().double() @ w.dequantize().abs().double().t()  # bound of each sum's terms
+    assert ((ours.double() - expected).abs() <= BOUND[bits] * scale + 1e-30).all()
+    if bits == 24:  # the decode GEMV's results
+        gemv, repacked = torch.empty_like(ours), repack(lib, w)
+        lib.tm_int_dot_linear(
+            x.data_ptr(), 29, 128, repacked.data_ptr(), w.qtype, 48, None, gemv.data_ptr(), 0, 2
+        )
+        assert torch.equal(ours, gemv)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_a_row_does_not_depend_on_the_rows_beside_it(lib, bits):
+    w = packed("Q4_1", 32, 96)
+    x = rows(40, 96, seed=1)
+    together = gemm(lib, x, w, bits)
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(gemm(lib, x[order].contiguous(), w, bits), together[order])
+    for r in (0, 13, 39):  # alone, and at another place of another tile
+        assert torch.equal(gemm(lib, x[r : r + 1].clone(), w, bits, threads=1), together[r : r + 1])
+        assert torch.equal(gemm(lib, x[r : r + 5].contiguous(), w, bits)[0], together[r])
+
+
+def test_bias_residual_and_non_finite_rows(lib):
+    w = packed("Q8_0", 32, 64)
+    x = rows(14, 64)
+    x[3, 5], x[7, 40] = float("nan"), float("inf")
+    plain = gemm(lib, x, w, 8)
+    assert plain[3].isnan().all() and plain[7].isnan().all()
+    finite = [r for r in range(14) if r not in (3, 7)]
+    assert plain[finite].isfinite().all()
+    bias, residual = torch.randn(32), torch.randn(14, 32)
+    with_bias = gemm(lib, x, w, 8, bias=bias)
+    assert torch.equal(with_bias[finite], (plain + bias)[finite])
+    added = gemm(lib, x, w, 8, out=residual.clone())
+    assert torch.equal(added[finite], (residual + plain)[finite])
+    assert with_bias[[3, 7]].isnan().all() and added[[3, 7]].isnan().all()

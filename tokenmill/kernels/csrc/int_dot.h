@@ -1,0 +1,77 @@
+// The integer-dot kernels' shared layout (int_dot_kernels.c: repack, activation rows, the
+// 8-row GEMV tiles; int_dot_gemm.c: the GEMM over many rows).
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8 };
+#define QK 32
+#define GROUP 16           // weight rows interleaved per group
+#define MAX_ROWS 8         // activation rows per call
+#define X_INT_MAX 8355711.0f  // 0x7F7F7F: |x_int| bound whose three balanced bytes fit int8
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+static inline float fp16(const uint8_t* p) {
+    _Float16 h;
+    memcpy(&h, p, 2);
+    return (float)h;
+}
+
+// Bytes of one quantized dword block column (4 bytes per row per dword) of a group-block.
+static inline int group_qs_bytes(int qt) { return qt == QT_Q8_0 ? GROUP * QK : GROUP * QK / 2; }
+
+static inline int64_t group_block_bytes(int qt) {
+    switch (qt) {
+        case QT_Q4_0: return GROUP * 18;
+        case QT_Q4_1: return GROUP * 20;
+        case QT_Q8_0: return GROUP * 34;
+        default: return 0;
+    }
+}
+
+// ---------------------------------------------------------------- activation rows
+
+typedef struct {
+    int8_t* planes;  // [M, 3, K]: the high, middle and low bytes of x_int
+    float* scale;    // [M, K / 32]
+    float* sum;      // [M, K / 32]: scale * sum of x_int
+    int32_t* psum;   // [M, K / 32, 3]: sum of each byte plane (the Q8_0 offset correction)
+} IntRows;
+
+static inline const int8_t* plane(const IntRows* q, int64_t m, int p, int64_t K) {
+    return q->planes + (3 * m + p) * K;
+}
+
+// An activation precision: each value rounds to v = rint(x * xmax / amax) in [-xmax, xmax],
+// and x_int = v * 2^shift (scale = amax / (xmax * 2^shift)). 24 bits: the decode path's
+// (three digit planes). 16 bits: two digits, x_int's low digit zero. 8 bits: v is one int8
+// (llama.cpp's Q8 activations), x_int's middle and low digits zero. The planes left out
+// contribute nothing, so the leading planes alone give the exact dot products and the
+// 24-bit arithmetic (the same fp32 operations) gives the result bit for bit.
+typedef struct {
+    float xmax, divisor;  // divisor = xmax * 2^shift (exact in fp32)
+    int shift;
+} Precision;
+static const Precision BITS24 = {X_INT_MAX, X_INT_MAX, 0};
+static const Precision BITS16 = {32639.0f, 8355584.0f, 8};  // 0x7F7F, 0x7F7F * 256
+static const Precision BITS8 = {127.0f, 8323072.0f, 16};      // 127 * 65536
+
+typedef void (*GroupFn)(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                        int64_t K, float out[][GROUP]);
+
+// Rows of x quantized at precision pr (threads over rows); planes of IntRows from
+// int_dot_alloc_rows (free the buffer it returns).
+void int_dot_quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q, Precision pr,
+                           int nthreads);
+IntRows int_dot_alloc_rows(int64_t M, int64_t K, void** buffer);
+// y[m, r] = row m . weight row r of one 16-row group (M <= MAX_ROWS): the plain C body (all
+// three planes), this build's fastest, and its high plane only.
+void int_dot_group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                     int64_t K, float out[][GROUP]);
+void int_dot_group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                        int64_t K, float out[][GROUP]);
+void int_dot_group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                             int64_t K, float out[][GROUP]);
+// ... and its high and middle planes (16-bit rows).
+void int_dot_group_fast_two(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
+                            int64_t K, float out[][GROUP]);

@@ -1,0 +1,220 @@
+// The integer-dot GEMM: prefill chunks and batched steps past the decode GEMV's rows, on the
+// weights tm_int_dot_repack regrouped (int_dot_kernels.c has the layout and the GEMV).
+//
+// Every row is quantized once, then threads split the output groups (16 weight rows each);
+// a thread runs its groups over a block of rows at a time (their digits stay in L2) in tiles
+// of rows x 16 outputs whose accumulators stay in registers across the K loop: the weight
+// block is unpacked once per tile, each activation dword is broadcast from L1.
+//
+// Activation precision (`bits`), per 32-value block of a row:
+//   24: the decode path's (three digit planes); the tiles are the GEMV's, so a row's result
+//       is the GEMV's bit for bit, whatever the rows beside it.
+//   16: v = rint(x * 32639 / amax), x_int = 256 v: two digit planes, two thirds of the work.
+//   8:  one int8 per value (llama.cpp's Q8 activations): v = rint(x * 127 / amax), x_int =
+//       65536 v: the high plane alone, a third of the work, in its own AVX-512 tiles below.
+// The planes left out are zero, and every build runs the 24-bit path's fp32 operations on
+// x_int (the 8-bit tiles fold its powers of two, which is exact), so the plain C reference
+// with all three planes, the AVX2 and the AVX-512 VNNI builds give the same bits at each
+// precision; a row's result never depends on the rows beside it.
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "int_dot.h"
+
+#define ROW_TILES 8  // tiles of rows a thread runs each of its weight groups over at a time
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define TILE8_ROWS 12  // rows per 8-bit tile (registers: one accumulator per row, 8 weights)
+#else
+#define TILE8_ROWS MAX_ROWS
+#endif
+// The 8-bit tiles read their rows in one stream: per tile of TILE8_ROWS rows and per block, the
+// rows' 32 digits, then per row scale * 65536, scale * sum of x_int, -8 times that (Q4_0) and
+// 128 * the sum of the digits (Q8_0's offset correction), so every load is one pointer plus
+// a constant.
+#define CHUNK8 (TILE8_ROWS * QK + 4 * TILE8_ROWS * 4)
+
+// The 8-bit rows (quantized in q) in tiles: ceil(M / TILE8_ROWS) * nb chunks.
+static void pack_bits8(const IntRows* q, int64_t M, int64_t K, int8_t* out) {
+    const int64_t nb = K / QK;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < nb; b++) {
+            int8_t* c = out + ((m / TILE8_ROWS) * nb + b) * CHUNK8;
+            const int64_t r = m % TILE8_ROWS, at = m * nb + b;
+            memcpy(c + r * QK, plane(q, m, 0, K) + b * QK, QK);
+            float* f = (float*)(c + TILE8_ROWS * QK);
+            f[r] = q->scale[at] * 65536.0f;  // exact: a power of two
+            f[TILE8_ROWS + r] = q->sum[at];
+            f[2 * TILE8_ROWS + r] = -8.0f * q->sum[at];
+            ((int32_t*)f)[3 * TILE8_ROWS + r] = 128 * q->psum[3 * at];
+        }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// acc + the u8 x s8 dot products of w's dwords with the dword at x in every lane (the
+// broadcast folded into the instruction, as in int_dot_kernels.c).
+ALWAYS_INLINE __m512i dpbusd_bcst(__m512i acc, __m512i w, const int8_t* x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t*)x));
+    return acc;
+}
+
+// ROWS rows x 16 outputs at 8 bits from a tile's chunks: per row and block 8 vpdpbusd and two
+// or three fp32 operations (the 24-bit path's on x_int = 65536 v: f * 65536 * scale folded
+// into f * (scale * 65536), exact).
+ALWAYS_INLINE void tile8_avx512_t(int qt, int ROWS, const uint8_t* gw, int64_t nb,
+                                  const int8_t* chunks, float out[][GROUP]) {
+    const int64_t gbb = group_block_bytes(qt);
+    const int qs = group_qs_bytes(qt);
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    __m512 acc[TILE8_ROWS];
+    for (int m = 0; m < ROWS; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t* blk = gw + b * gbb;
+        const int8_t* c = chunks + b * CHUNK8;
+        const float* f = (const float*)(c + TILE8_ROWS * QK);
+        __m512i w[8];
+        if (qt == QT_Q8_0) {
+            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(blk + 64 * j);
+        } else {
+            for (int j = 0; j < 4; j++) {
+                const __m512i v = _mm512_loadu_si512(blk + 64 * j);
+                w[j] = _mm512_and_si512(v, nib);
+                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs)));
+        const __m512 mn = qt == QT_Q4_1
+            ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs + 2 * GROUP)))
+            : _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int m = 0; m < ROWS; m++) {
+            __m512i S = _mm512_setzero_si512(), T = _mm512_setzero_si512();  // two short chains
+            for (int j = 0; j < 8; j += 2) {
+                S = dpbusd_bcst(S, w[j], c + m * QK + 4 * j);
+                T = dpbusd_bcst(T, w[j + 1], c + m * QK + 4 * j + 4);
+            }
+            S = _mm512_add_epi32(S, T);
+            if (qt == QT_Q8_0)
+                S = _mm512_sub_epi32(S, _mm512_set1_epi32(((const int32_t*)f)[3 * TILE8_ROWS + m]));
+            const __m512 x = _mm512_cvtepi32_ps(S);
+            if (qt == QT_Q4_0) {
+                const __m512 g = _mm512_fmadd_ps(x, _mm512_set1_ps(f[m]),
+                                                 _mm512_set1_ps(f[2 * TILE8_ROWS + m]));
+                acc[m] = _mm512_fmadd_ps(g, d, acc[m]);
+            } else {
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(x, _mm512_set1_ps(f[m])), d, acc[m]);
+                if (qt == QT_Q4_1)
+                    acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(f[TILE8_ROWS + m]), acc[m]);
+            }
+        }
+    }
+    for (int m = 0; m < ROWS; m++) _mm512_storeu_ps(out[m], acc[m]);
+}
+
+#define TILE8_M(T, ROWS) tile8_avx512_t(T, ROWS, gw, nb, chunks, out)
+#define TILE8_FOR_ROWS(T)               \
+    switch (M) {                        \
+        case 1: TILE8_M(T, 1); break;   \
+        case 2: TILE8_M(T, 2); break;   \
+        case 3: TILE8_M(T, 3); break;   \
+        case 4: TILE8_M(T, 4); break;   \
+        case 5: TILE8_M(T, 5); break;   \
+        case 6: TILE8_M(T, 6); break;   \
+        case 7: TILE8_M(T, 7); break;   \
+        case 8: TILE8_M(T, 8); break;   \
+        case 9: TILE8_M(T, 9); break;   \
+        case 10: TILE8_M(T, 10); break; \
+        case 11: TILE8_M(T, 11); break; \
+        default: TILE8_M(T, 12); break; \
+    }
+
+static void tile8(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, const int8_t* chunks,
+                  int64_t M, int64_t K, float out[][GROUP]) {
+    (void)q, (void)K;
+    switch (qt) {
+        case QT_Q4_0: TILE8_FOR_ROWS(QT_Q4_0); break;
+        case QT_Q4_1: TILE8_FOR_ROWS(QT_Q4_1); break;
+        case QT_Q8_0: TILE8_FOR_ROWS(QT_Q8_0); break;
+        default: break;
+    }
+}
+#else
+// Elsewhere the GEMV's one-plane tiles (AVX2: vpdpbusd emulated or AVX-VNNI) are the 8-bit
+// tiles; they read the rows as quantized.
+static void tile8(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, const int8_t* chunks,
+                  int64_t M, int64_t K, float out[][GROUP]) {
+    (void)chunks;
+    int_dot_group_fast_high(qt, gw, nb, q, M, K, out);
+}
+#endif
+
+typedef enum { RUN_FAST, RUN_REFERENCE } Run;
+
+static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const uint8_t* w, int qt,
+                         int64_t N, const float* bias, float* y, int accumulate, int bits,
+                         int nthreads) {
+    const int64_t nb = K / QK, gbb = group_block_bytes(qt);
+    const int fast8 = run == RUN_FAST && bits == 8;
+    const int64_t tile_rows = fast8 ? TILE8_ROWS : MAX_ROWS;
+    // rows a thread runs each of its groups over at a time: their digits stay in L2
+    const int64_t block = tile_rows * (K <= 2048 ? ROW_TILES : ROW_TILES / 4);
+    void* buffer;
+    IntRows q = int_dot_alloc_rows(M, K, &buffer);
+    int_dot_quantize_rows(x, M, K, &q, bits == 8 ? BITS8 : bits == 16 ? BITS16 : BITS24, nthreads);
+    int8_t* chunks = NULL;
+    if (fast8) {
+        chunks = malloc((size_t)((M + TILE8_ROWS - 1) / TILE8_ROWS * nb * CHUNK8));
+        pack_bits8(&q, M, K, chunks);
+    }
+#pragma omp parallel num_threads(nthreads)
+    for (int64_t b0 = 0; b0 < M; b0 += block) {
+        const int64_t b1 = M - b0 < block ? M : b0 + block;
+#pragma omp for schedule(static) nowait
+        for (int64_t g = 0; g < N / GROUP; g++) {
+            float out[TILE8_ROWS > MAX_ROWS ? TILE8_ROWS : MAX_ROWS][GROUP];
+            for (int64_t m0 = b0; m0 < b1; m0 += tile_rows) {
+                const int64_t rows = b1 - m0 < tile_rows ? b1 - m0 : tile_rows;
+                const IntRows tile = {q.planes + 3 * m0 * K, q.scale + m0 * nb, q.sum + m0 * nb,
+                                      q.psum + 3 * m0 * nb};
+                const uint8_t* gw = w + g * nb * gbb;
+                if (fast8)
+                    tile8(qt, gw, nb, &tile, chunks + m0 / TILE8_ROWS * nb * CHUNK8, rows, K, out);
+                else if (run == RUN_FAST && bits == 16)
+                    int_dot_group_fast_two(qt, gw, nb, &tile, rows, K, out);
+                else if (run == RUN_FAST)
+                    int_dot_group_fast(qt, gw, nb, &tile, rows, K, out);
+                else
+                    int_dot_group_c(qt, gw, nb, &tile, rows, K, out);
+                for (int64_t m = 0; m < rows; m++) {
+                    float* yr = y + (m0 + m) * N + g * GROUP;
+                    for (int r = 0; r < GROUP; r++) {
+                        const float v = out[m][r] + (bias ? bias[g * GROUP + r] : 0.0f);
+                        yr[r] = accumulate ? yr[r] + v : v;
+                    }
+                }
+            }
+        }
+    }
+    free(chunks);
+    free(buffer);
+}
+
+// y = x W^T (+ bias) (+ y when accumulating) for any number of rows; w repacked by
+// tm_int_dot_repack; bits: the activations' precision, 24, 16 or 8 (anything else: 24).
+void tm_int_dot_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
+                     const float* bias, float* y, int accumulate, int bits, int nthreads) {
+    int_dot_gemm(RUN_FAST, x, M, K, w, qt, N, bias, y, accumulate, bits, nthreads);
+}
+
+// The plain C implementation whatever the build, with all three planes at every precision
+// (the ones left out are zero): the fast tiles' shortcuts are checked against it.
+void tm_int_dot_gemm_reference(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt,
+                               int64_t N, float* y, int bits) {
+    int_dot_gemm(RUN_REFERENCE, x, M, K, w, qt, N, NULL, y, 0, bits, 1);
+}
