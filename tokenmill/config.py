@@ -213,6 +213,11 @@ class KernelConfig:
     # up to how many rows the integer-dot kernel runs: None measured once per machine
     # (model/row_kernels.py), a number, or "any"
     int_dot_max_rows: int | str | None = None
+    # the activations' precision in the integer-dot GEMM, which runs steps past the GEMV's 32
+    # rows: 16 (two digits per value: KLD from float32 < 1e-6 on the embedded model), 24 (the
+    # GEMV's: its results bit for bit) or 8 (one int8 per value and 32-value block, as
+    # llama.cpp's: twice as fast, KLD 0.0035)
+    int_dot_gemm_bits: int = 16
     greedy_argmax: bool = True  # greedy rows read out only the lm_head's argmax
     fused_decode: bool = True  # decode steps in one native call (model/fused_decode.py)
     prefetch: bool = True  # native weights prepared while torch is imported (prefetch.py)
@@ -222,6 +227,8 @@ class KernelConfig:
         number = isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1
         if not (rows is None or rows == envs.ANY_ROWS or number):
             raise ValueError(f"int_dot_max_rows: a number (1 or more) or 'any', got {rows!r}")
+        if self.int_dot_gemm_bits not in envs.GEMM_BITS:
+            raise ValueError(f"int_dot_gemm_bits: 8, 16 or 24, got {self.int_dot_gemm_bits!r}")
 
     @classmethod
     def from_env(cls, **given: object) -> KernelConfig:

@@ -58,6 +58,19 @@ def parse_rows(raw: str, where: str = "TOKENMILL_INT_DOT_MAX_ROWS") -> int | str
     return int(value)
 
 
+GEMM_BITS = (8, 16, 24)  # TOKENMILL_INT_DOT_GEMM_BITS: the integer-dot GEMM's precisions
+
+
+def parse_gemm_bits(raw: str, where: str = "TOKENMILL_INT_DOT_GEMM_BITS") -> int | None:
+    """8, 16 or 24; empty: unset (the default)."""
+    value = raw.strip()
+    if not value:
+        return None
+    if value not in {str(b) for b in GEMM_BITS}:
+        raise ValueError(f"{where}: 8, 16 or 24, got {raw!r}")
+    return int(value)
+
+
 INT_DOT = EnvVar(
     "TOKENMILL_INT_DOT", _off_at("0"),
     "0: decode rows of packed weights run the fp32 GEMV, not the integer-dot GEMV",
@@ -68,6 +81,12 @@ INT_DOT_MAX_ROWS = EnvVar(
     "N or 'any': up to how many rows the integer-dot kernel runs (default: measured once "
     "per machine, model/row_kernels.py)",
     "kernel_config.int_dot_max_rows",
+)  # fmt: skip
+INT_DOT_GEMM_BITS = EnvVar(
+    "TOKENMILL_INT_DOT_GEMM_BITS", parse_gemm_bits,
+    "8, 16 or 24: the activations' precision in the integer-dot GEMM (prefill and steps past "
+    "32 rows; 24 is the decode GEMV's; default 16)",
+    "kernel_config.int_dot_gemm_bits",
 )  # fmt: skip
 GREEDY_ARGMAX = EnvVar(
     "TOKENMILL_GREEDY_ARGMAX", _off_at("0"),
@@ -106,7 +125,7 @@ LLAMA_CPP_BIN = EnvVar(
 )  # fmt: skip
 
 VARIABLES: tuple[EnvVar, ...] = (
-    INT_DOT, INT_DOT_MAX_ROWS, GREEDY_ARGMAX, FUSED_DECODE, PREFETCH, DISABLE_KERNELS, CACHE,
+    INT_DOT, INT_DOT_MAX_ROWS, INT_DOT_GEMM_BITS, GREEDY_ARGMAX, FUSED_DECODE, PREFETCH, DISABLE_KERNELS, CACHE,
     API_KEY, ADMIN_KEY, LLAMA_CPP_BIN,
 )  # fmt: skip
 

@@ -64,7 +64,7 @@ def _build(seqs, heads, kv_heads, head_dim, page, dtype, seed=0):
     )  # fmt: skip
 
 
-def _reference(q, seqs, full_k, full_v, scale, window):
+def _reference(q, seqs, full_k, full_v, scale, window, sinks=None):
     out = []
     row = 0
     group = q.shape[1] // full_k[0].shape[1]
@@ -80,7 +80,12 @@ def _reference(q, seqs, full_k, full_v, scale, window):
         if window:
             visible &= kpos > qpos - window
         s = s.masked_fill(~visible, float("-inf"))
-        out.append(torch.einsum("hqk,khd->qhd", s.softmax(-1), v))
+        if sinks is not None:  # one more logit per head, with no value
+            sink = sinks.double().view(-1, 1, 1).expand(-1, n, 1)
+            p = torch.cat([s, sink], dim=-1).softmax(-1)[..., :-1]
+        else:
+            p = s.softmax(-1)
+        out.append(torch.einsum("hqk,khd->qhd", p, v))
     return torch.cat(out)
 
 
@@ -88,7 +93,7 @@ def _to(device, *tensors):
     return [t.to(device) for t in tensors]
 
 
-def _run(seqs, heads, kv_heads, head_dim, page, dtype, window=None, splits=1, seed=0):
+def _run(seqs, heads, kv_heads, head_dim, page, dtype, window=None, splits=1, seed=0, sinks=None):
     q, k, v, kc, vc, meta, slots, fk, fv = _build(
         seqs, heads, kv_heads, head_dim, page, dtype, seed
     )
@@ -100,8 +105,9 @@ def _run(seqs, heads, kv_heads, head_dim, page, dtype, window=None, splits=1, se
     )
     write_kv(k, v, kc, vc, slots)
     scale = head_dim**-0.5
-    out = paged_attention(q, kc, vc, meta, scale, window, splits)
-    ref = _reference(q.cpu(), seqs, fk, fv, scale, window)
+    dev_sinks = None if sinks is None else sinks.to(DEVICE)
+    out = paged_attention(q, kc, vc, meta, scale, window, splits, sinks=dev_sinks)
+    ref = _reference(q.cpu(), seqs, fk, fv, scale, window, sinks)
     err = (out.cpu().double() - ref).abs().max().item()
     assert err < TOL[dtype], err
     return kc, vc, fk, slots
@@ -142,6 +148,14 @@ def test_long_decodes_split_over_the_keys_combine_exactly(splits):
     seqs = [(700, 1), (130, 1), (5, 1), (1100, 1)]
     _run(seqs, 8, 2, 32, 16, torch.float32, splits=splits)
     _run(seqs, 8, 2, 32, 16, torch.float32, window=300, splits=splits)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_attention_sinks(splits):
+    """GPT-OSS: a learned logit per head joins each softmax (with no value), once."""
+    sinks = torch.linspace(-2.0, 3.0, 8)
+    _run([(40, 1), (0, 21), (70, 4)], 8, 2, 32, 16, torch.float32, splits=splits, sinks=sinks)
+    _run([(40, 1), (300, 1)], 8, 2, 32, 16, torch.float32, window=64, splits=splits, sinks=sinks)
 
 
 def test_split_count_fills_the_device_only_for_long_single_row_queries():

@@ -103,19 +103,30 @@ def test_a_broken_store_is_measured_again(method, tmp_path, monkeypatch):
     assert list(row_kernels._read(row_kernels.cache_file()).values()) == [512]
 
 
-def test_packed_layers_run_the_int_dot_kernel_up_to_the_limit(method):
+@pytest.mark.parametrize("bits", [8, 16, 24])
+def test_packed_layers_run_the_int_dot_kernel_up_to_the_limit(method, bits):
     linear = method.packed_linears[1]
+    linear.gemm_bits = bits
     x = torch.randn(48, 128)
-    linear.int_dot_max_rows = INT_DOT_MAX_ROWS  # 48 rows: the GEMM
+    linear.int_dot_max_rows = INT_DOT_MAX_ROWS  # 48 rows: the fp32 GEMM
     assert torch.equal(linear(x), linear.gemm_rows(x))
     assert linear.greedy_argmax(x) is None
-    linear.int_dot_max_rows = 64  # now the integer-dot kernel, row for row as run alone
+    linear.int_dot_max_rows = 64  # now the integer-dot GEMM, row for row as in any other step
     together = linear(x)
     assert torch.equal(together, linear.int_dot_rows(x))
-    assert not torch.equal(together, linear.gemm_rows(x))  # 24-bit activations: not the GEMM
-    assert torch.equal(together[40], linear(x[40:41])[0])
-    assert torch.allclose(together, linear.gemm_rows(x), atol=1e-4, rtol=1e-4)
-    assert torch.equal(linear.greedy_argmax(x), together.max(dim=1).indices)
+    assert not torch.equal(together, linear.gemm_rows(x))  # integer activations: not the GEMM
+    assert torch.equal(together[40], linear(x[7:].contiguous())[33])  # 41 rows: the GEMM too
+    exact = x.double() @ linear.weight.dequantize().double().t()
+    scale = x.abs().double() @ linear.weight.dequantize().abs().double().t()
+    assert ((together - exact).abs() <= {8: 4e-3, 16: 2e-5, 24: 2e-6}[bits] * scale).all()
+    alone = linear(x[40:41])[0]  # one row: the decode GEMV (24 bits)
+    assert torch.equal(together[40], alone) == (bits == 24)
+    argmax = linear.greedy_argmax(x)  # the GEMV's argmax: for the GEMM's rows at 24 bits only
+    if bits == 24:
+        assert torch.equal(argmax, together.max(dim=1).indices)
+    else:
+        assert argmax is None
+        assert torch.equal(linear.greedy_argmax(x[:32]), linear(x[:32]).max(dim=1).indices)
 
 
 def test_float_copies_go_where_no_step_runs_the_gemm(method):
@@ -130,7 +141,8 @@ def test_float_copies_go_where_no_step_runs_the_gemm(method):
     method.kernels = KernelConfig(int_dot_max_rows="any")
     assert method.choose_row_kernels() == row_kernels.UNLIMITED
     assert [x.float_linear is None for x in method.packed_linears] == [True] * 3 + [False]
-    got = linear(x)  # now the integer-dot kernel
+    got = linear(x)  # now the integer-dot kernel (16-bit activations)
     assert torch.equal(got, linear.int_dot_rows(x))
-    assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)
+    scale = x.abs() @ linear.weight.dequantize().abs().t()
+    assert ((got - expected).abs() <= 2e-5 * scale).all()
     assert torch.equal(other(x), other.gemm_rows(x))

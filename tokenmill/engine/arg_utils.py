@@ -217,6 +217,13 @@ class EngineArgs:
         type=lambda raw: envs.parse_rows(raw, "int-dot-max-rows"), metavar="N|any",
         group=KERNELS,
     )  # fmt: skip
+    int_dot_gemm_bits: int | None = option(
+        K + "int_dot_gemm_bits", "the activations' precision in the integer-dot GEMM (prefill "
+        "and steps past 32 rows): 16 (default; KLD from float32 < 1e-6), 24 (the decode GEMV's "
+        "results bit for bit) or 8 (int8 per 32 values as llama.cpp: twice as fast, KLD "
+        "~0.003)", default=None, type=int, choices=envs.GEMM_BITS, metavar="BITS",
+        group=KERNELS,
+    )  # fmt: skip
     greedy_argmax: bool | None = option(
         K + "greedy_argmax", "greedy rows read out only the lm_head's argmax "
         "(--no-greedy-argmax: every logit)", default=None, kind="toggle", group=KERNELS,

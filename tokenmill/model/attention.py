@@ -12,11 +12,15 @@ import math
 import mmap
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from tokenmill.kernels import ops
+
+if TYPE_CHECKING:
+    from tokenmill.kernels.triton.paged_attention import PagedAttentionMetadata
 
 
 def zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
@@ -74,6 +78,8 @@ class AttentionMetadata:
     decode_seq_lens: torch.Tensor | None  # [num_decodes] int64: visible keys incl. the new token
     chunks: list[ChunkAttention]
     _decode_masks: dict | None = None  # sliding window -> mask
+    # the Triton kernel's view of the step (attention_triton.paged_metadata), built once
+    paged: PagedAttentionMetadata | None = None
 
     def decode_mask(self, block_size: int, sliding_window: int | None) -> torch.Tensor:
         """Additive mask [num_decodes, 1, 1, max_blocks * block_size], built once per step

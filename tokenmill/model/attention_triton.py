@@ -15,9 +15,8 @@ def paged_metadata(meta: AttentionMetadata, block_size: int, device: torch.devic
     one-row sequence, then each chunk. Built once per step (kept on `meta`)."""
     from tokenmill.kernels.triton.paged_attention import PagedAttentionMetadata
 
-    cached = getattr(meta, "_paged", None)
-    if cached is not None:
-        return cached
+    if meta.paged is not None:
+        return meta.paged
     nd = meta.num_decode_tokens
     q_lens = [1] * nd + [c.query_len for c in meta.chunks]
     seq_lens = [] if not nd else meta.decode_seq_lens.tolist()
@@ -39,7 +38,7 @@ def paged_metadata(meta: AttentionMetadata, block_size: int, device: torch.devic
         max_query_len=max(q_lens, default=0),
         max_seq_len=max(seq_lens, default=0),
     )
-    meta._paged = paged
+    meta.paged = paged
     return paged
 
 
@@ -61,9 +60,11 @@ class TritonBackend(AttentionBackend):
         write_kv(k.contiguous(), v.contiguous(), k_cache, v_cache, meta.slot_mapping)
         paged = paged_metadata(meta, self.block_size, q.device)
         splits = num_kv_splits(paged, nkv, _num_sms(q.device))
+        sinks = None if self.sinks is None else self.sinks.float().contiguous()
         out = paged_attention(
-            q.contiguous(), k_cache, v_cache, paged, self.scale, self.sliding_window, splits
-        )
+            q.contiguous(), k_cache, v_cache, paged, self.scale, self.sliding_window, splits,
+            sinks=sinks,
+        )  # fmt: skip
         return out.view(q.shape[0], self.num_heads * hd)
 
 

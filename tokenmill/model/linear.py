@@ -143,7 +143,9 @@ PACKED_GEMV_MAX_ROWS = 8
 # format has it, whatever the machine: a decode step of the embedded model (AVX-512 VNNI) with
 # 16 rows takes 60 ms on one thread (fp32 GEMM: 118), 39 on two (70); 32 rows 119 / 78
 # (161 / 93). A row's result then never depends on the other rows of its step up to here.
-# Beyond it, up to where it was measured faster than the GEMM on this machine (row_kernels).
+# Beyond it the integer-dot GEMM (KernelConfig.int_dot_gemm_bits: 24 gives the GEMV's bits,
+# 16 two thirds of its work, 8 a third), up to where it was measured faster than the fp32
+# GEMM on this machine (row_kernels).
 INT_DOT_MAX_ROWS = 32
 # fp32 bytes dequantized at a time for the GEMM path (stays in L2/L3, never a full copy)
 _DEQUANT_CHUNK_BYTES = 4 << 20
@@ -177,13 +179,16 @@ class PackedLinear:
         keep_float: bool = False,
         prefetch: WeightPrefetch | None = None,
         int_dot: bool = True,
+        gemm_bits: int = 16,
     ) -> None:
         """`prefetch`: the start-up prefetch, which may have prepared this weight's repack
-        and float copy already (prefetch.py); `int_dot`: KernelConfig.int_dot."""
+        and float copy already (prefetch.py); `int_dot`: KernelConfig.int_dot; `gemm_bits`:
+        KernelConfig.int_dot_gemm_bits."""
         self.weight = weight
         self.bias = bias.float().contiguous() if bias is not None else None
-        # up to this many rows run the integer-dot kernel (the method measures it: row_kernels)
+        # up to this many rows run the integer-dot kernels (the method measures it: row_kernels)
         self.int_dot_max_rows = INT_DOT_MAX_ROWS
+        self.gemm_bits = gemm_bits  # the integer-dot GEMM's activation precision
         self._argmax_bounds: torch.Tensor | None = None  # greedy_argmax's, made on first use
         self.chunk_rows = max(1, _DEQUANT_CHUNK_BYTES // (4 * weight.cols))
         self._scratch: torch.Tensor | None = None
@@ -210,8 +215,12 @@ class PackedLinear:
         return self.gemm_rows(x, residual)
 
     def int_dot_rows(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """The integer-dot kernel on x's rows (the layer has one: self.int_dot)."""
-        return ops.int_dot_linear(x.contiguous(), self.int_dot, self.weight, self.bias, residual)
+        """The integer-dot kernels on x's rows (the layer has them: self.int_dot): the GEMV
+        up to INT_DOT_MAX_ROWS rows (24-bit activations), the GEMM past them."""
+        x = x.contiguous()
+        if x.shape[0] <= INT_DOT_MAX_ROWS:
+            return ops.int_dot_linear(x, self.int_dot, self.weight, self.bias, residual)
+        return ops.int_dot_gemm(x, self.int_dot, self.weight, self.bias, residual, self.gemm_bits)
 
     def gemm_rows(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """A float32 GEMM on the dequantized weight: its float copy, else dequantized in
@@ -240,7 +249,9 @@ class PackedLinear:
         output is not finite)."""
         if self.int_dot is None or self.bias is not None:
             return None
-        if not GREEDY_ARGMAX_MIN_ROWS <= x.shape[0] <= self.int_dot_max_rows:
+        # the argmax is the GEMV's (24-bit activations), as the GEMM's at 24 bits
+        gemv_rows = self.int_dot_max_rows if self.gemm_bits == 24 else INT_DOT_MAX_ROWS
+        if not GREEDY_ARGMAX_MIN_ROWS <= x.shape[0] <= min(gemv_rows, self.int_dot_max_rows):
             return None
         if self._argmax_bounds is None:
             self._argmax_bounds = ops.int_dot_bound_table(self.int_dot, self.weight)
@@ -406,7 +417,14 @@ class NativeMethod(FloatMethod):
     ):
         if isinstance(weight, PackedWeight) and self.native:
             keep_float = self._keep_float(weight)
-            linear = PackedLinear(weight, bias, keep_float, self.prefetch, self.kernels.int_dot)
+            linear = PackedLinear(
+                weight,
+                bias,
+                keep_float,
+                self.prefetch,
+                self.kernels.int_dot,
+                self.kernels.int_dot_gemm_bits,
+            )
             self.packed_linears.append(linear)
             return linear
         if isinstance(weight, PackedStack) and self.native:

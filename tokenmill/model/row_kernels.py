@@ -1,11 +1,13 @@
-"""Up to how many rows a step's packed layers run the integer-dot kernel rather than a float32
+"""Up to how many rows a step's packed layers run the integer-dot kernels rather than a float32
 GEMM on the dequantized weight: measured on this machine, once.
 
-Which one wins past a few dozen rows depends on the CPU: the integer-dot kernel's cost per
-row is flat (8 rows per pass over the weights, bound by `vpdpbusd`), the GEMM's falls as rows
-grow, towards the fp32 FMA peak. On a 2-core AMD EPYC (Zen 4, oneDNN/MKL fp32 GEMM) the
-integer-dot kernel was 1.3-3x faster on the embedded model's gate/up layer at 64-512 rows and
-a 512-token prefill took 638 ms against 902; the 2-core Xeon measured even at 48 rows.
+Up to 32 rows (linear.INT_DOT_MAX_ROWS) the integer-dot GEMV runs, whatever the machine; past
+them the integer-dot GEMM (8- or 24-bit activations, KernelConfig.int_dot_gemm_bits), and it
+is timed here against the fp32 GEMM. Which one wins past a few dozen rows depends on the CPU:
+the integer-dot kernels' cost per row is flat (bound by `vpdpbusd`), the fp32 GEMM's falls as
+rows grow, towards the fp32 FMA peak. On a 2-core AMD EPYC (Zen 4, oneDNN/MKL fp32 GEMM) the
+24-bit kernel was already 1.3-3x faster on the embedded model's gate/up layer at 64-512 rows
+and a 512-token prefill took 638 ms against 902; the 2-core Xeon measured even at 48 rows.
 
 The first start on a machine times both kernels on one of the model's layers (its largest
 below a size cap, so a few hundred milliseconds at most) at 64, 128, ... rows and keeps the
@@ -45,6 +47,7 @@ class TimedLayer(Protocol):
 
     weight: _Weight
     int_dot: object | None  # the integer-dot repack (None: the layer has no such kernel)
+    gemm_bits: int  # the integer-dot GEMM's activation precision
     float_linear: object | None  # the float copy for the GEMM (None: dequantized per call)
 
     def int_dot_rows(self, x: torch.Tensor) -> object: ...
@@ -99,6 +102,7 @@ def machine_key(sample: TimedLayer) -> str:
             f"torch={torch.__version__}",
             f"{w.name}[{w.rows}x{w.cols}]",
             f"float_copy={sample.float_linear is not None}",
+            f"gemm_bits={sample.gemm_bits}",
         ]
     )
 

@@ -36,6 +36,16 @@ logger = logging.getLogger(__name__)
 _SPEED_PROMPT = 16
 
 
+def _with_row_kernels(model: LlamaForCausalLM, method) -> LlamaForCausalLM:
+    """The model with the row kernels its engine would run (the native method's integer-dot
+    row limit, measured or stored for this machine, or set by the kernel switches), so a
+    prompt's rows run the kernels (and activation precision) a served prompt does."""
+    choose = getattr(method, "choose_row_kernels", None)
+    if choose is not None and method.native:
+        choose()
+    return model
+
+
 @dataclass
 class Calibrated:
     """Weights calibrated once for a plan, reused by every plan measured on them."""
@@ -101,13 +111,11 @@ class FidelityBench:
 
     def build(self, plan: QuantPlan, calibrated: Calibrated | None = None) -> LlamaForCausalLM:
         files = self.files_for(plan, calibrated)
-        return LlamaForCausalLM(
-            files.arch,
-            files.weights,
-            self.chunks.ctx,
-            get_linear_method(plan.method),
-            files.rope_freq_factors,
+        method = get_linear_method(plan.method)
+        model = LlamaForCausalLM(
+            files.arch, files.weights, self.chunks.ctx, method, files.rope_freq_factors
         )
+        return _with_row_kernels(model, method)
 
     def _begin_scoring(self, label: str) -> None:
         self.progress.begin(label, len(self.chunks.chunks), "chunks scored")
@@ -129,14 +137,11 @@ class FidelityBench:
         files = load_for_plan(path, plan)
         if files.arch.vocab_size != self.float_files.arch.vocab_size:
             raise ValueError(f"{path}: not a conversion of {self.float_files.name}")
+        method = get_linear_method(plan.method)
         model = LlamaForCausalLM(
-            files.arch,
-            files.weights,
-            self.chunks.ctx,
-            get_linear_method(plan.method),
-            files.rope_freq_factors,
+            files.arch, files.weights, self.chunks.ctx, method, files.rope_freq_factors
         )
-        return kld_report(self.reference, self.score(model))
+        return kld_report(self.reference, self.score(_with_row_kernels(model, method)))
 
     def decode_speed(
         self, plan: QuantPlan, steps: int = 64, calibrated: Calibrated | None = None

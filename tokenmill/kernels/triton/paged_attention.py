@@ -32,13 +32,12 @@ class PagedAttentionMetadata:
 @triton.jit
 def _attend_key_tiles(
     q, q_pos, k_cache_ptr, v_cache_ptr, table_ptr, kv_base, stride_cb, stride_cs,
-    tile_begin, tile_end, hi, scale, window, d, d_ok,
+    tile_begin, tile_end, hi, scale, window, d, d_ok, m_i, l_i,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Online softmax over key tiles [tile_begin, tile_end): (row max, row sum, output)."""
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    """Online softmax over key tiles [tile_begin, tile_end) from the running (row max,
+    row sum) given: (row max, row sum, output)."""
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for tile in range(tile_begin, tile_end):
         n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -78,6 +77,7 @@ def _paged_attention_kernel(
     v_cache_ptr,
     out_ptr,
     lse_ptr,
+    sinks_ptr,
     block_table_ptr,
     query_start_ptr,
     seq_len_ptr,
@@ -103,6 +103,7 @@ def _paged_attention_kernel(
     BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
     SPLIT: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -144,10 +145,16 @@ def _paged_attention_kernel(
     tile_begin = first_tile + split * per_split
     tile_end = tl.minimum(tile_begin + per_split, first_tile + num_tiles)
 
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SINKS:  # a logit per head with no value (GPT-OSS), counted once: in split 0
+        sink = tl.load(sinks_ptr + head, mask=row_ok & (split == 0), other=float("-inf"))
+        m_i = sink.to(tl.float32)
+        l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
     m_i, l_i, acc = _attend_key_tiles(
         q, q_pos, k_cache_ptr, v_cache_ptr, block_table_ptr + seq * stride_bt,
         kv_head * stride_ch, stride_cb, stride_cs, tile_begin, tile_end, hi, scale, window,
-        d, d_ok, BLOCK_M, BLOCK_N, BLOCK_D, PAGE, DOT_PRECISION,
+        d, d_ok, m_i, l_i, BLOCK_M, BLOCK_N, BLOCK_D, PAGE, DOT_PRECISION,
     )  # fmt: skip
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -233,9 +240,11 @@ def paged_attention(
     sliding_window: int | None = None,
     num_splits: int = 1,
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [T, heads, head_dim]; caches: [blocks, page, kv_heads, head_dim] holding every
-    query's own K/V already (write_kv first). Returns [T, heads, head_dim] in q's dtype."""
+    query's own K/V already (write_kv first); sinks: [heads] fp32 logits with no value, or
+    None. Returns [T, heads, head_dim] in q's dtype."""
     t, heads, head_dim = q.shape
     kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     group = heads // kv_heads
@@ -263,6 +272,7 @@ def paged_attention(
         v_cache,
         target,
         lse,
+        lse if sinks is None else sinks,
         meta.block_table,
         meta.query_start_loc,
         meta.seq_lens,
@@ -286,6 +296,7 @@ def paged_attention(
         BLOCK_D=triton.next_power_of_2(head_dim),
         PAGE=page,
         SPLIT=split,
+        HAS_SINKS=sinks is not None,
         # fp32 inputs: exact products (as the CPU interpreter and torch compute them)
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
