@@ -11,7 +11,9 @@
 //       is the GEMV's bit for bit, whatever the rows beside it.
 //   16: v = rint(x * 32639 / amax), x_int = 256 v: two digit planes, two thirds of the work.
 //   8:  one int8 per value (llama.cpp's Q8 activations): v = rint(x * 127 / amax), x_int =
-//       65536 v: the high plane alone, a third of the work, in its own AVX-512 tiles below.
+//       65536 v: the high plane alone, a third of the work.
+// At 8 and 16 bits the AVX-512 VNNI build runs its own tiles of 12 rows (below), which read
+// the rows' digits and terms from one stream per tile.
 // The planes left out are zero, and every build runs the 24-bit path's fp32 operations on
 // x_int (the 8-bit tiles fold its powers of two, which is exact), so the plain C reference
 // with all three planes, the AVX2 and the AVX-512 VNNI builds give the same bits at each
@@ -30,29 +32,32 @@
 #define ROW_TILES 8  // tiles of rows a thread runs each of its weight groups over at a time
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define TILE8_ROWS 12  // rows per 8-bit tile (registers: one accumulator per row, 8 weights)
+#define TILE_ROWS 12  // rows per 8- / 16-bit tile (registers: an accumulator a row, 8 weights)
 #else
-#define TILE8_ROWS MAX_ROWS
+#define TILE_ROWS MAX_ROWS
 #endif
-// The 8-bit tiles read their rows in one stream: per tile of TILE8_ROWS rows and per block, the
-// rows' 32 digits, then per row scale * 65536, scale * sum of x_int, -8 times that (Q4_0) and
-// 128 * the sum of the digits (Q8_0's offset correction), so every load is one pointer plus
-// a constant.
-#define CHUNK8 (TILE8_ROWS * QK + 4 * TILE8_ROWS * 4)
+// The 8- and 16-bit tiles read their rows in one stream: per tile of TILE_ROWS rows and per
+// block, the rows' 32 digits of each plane, then per row the scale (times 65536 at 8 bits,
+// where the tile skips the 24-bit path's exact * 65536), scale * sum of x_int, -8 times that
+// (Q4_0), and 128 * each plane's digit sum (Q8_0's offset correction), so every load is one
+// pointer plus a constant.
+#define CHUNK(P) (TILE_ROWS * QK * (P) + 5 * TILE_ROWS * 4)
 
-// The 8-bit rows (quantized in q) in tiles: ceil(M / TILE8_ROWS) * nb chunks.
-static void pack_bits8(const IntRows* q, int64_t M, int64_t K, int8_t* out) {
+// Rows quantized in q with P leading planes, in tiles: ceil(M / TILE_ROWS) * nb chunks.
+static void pack_rows(const IntRows* q, int P, int64_t M, int64_t K, int8_t* out) {
     const int64_t nb = K / QK;
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) {
-            int8_t* c = out + ((m / TILE8_ROWS) * nb + b) * CHUNK8;
-            const int64_t r = m % TILE8_ROWS, at = m * nb + b;
-            memcpy(c + r * QK, plane(q, m, 0, K) + b * QK, QK);
-            float* f = (float*)(c + TILE8_ROWS * QK);
-            f[r] = q->scale[at] * 65536.0f;  // exact: a power of two
-            f[TILE8_ROWS + r] = q->sum[at];
-            f[2 * TILE8_ROWS + r] = -8.0f * q->sum[at];
-            ((int32_t*)f)[3 * TILE8_ROWS + r] = 128 * q->psum[3 * at];
+            int8_t* c = out + ((m / TILE_ROWS) * nb + b) * CHUNK(P);
+            const int64_t r = m % TILE_ROWS, at = m * nb + b;
+            for (int p = 0; p < P; p++)
+                memcpy(c + (p * TILE_ROWS + r) * QK, plane(q, m, p, K) + b * QK, QK);
+            float* f = (float*)(c + TILE_ROWS * QK * P);
+            f[r] = P == 1 ? q->scale[at] * 65536.0f : q->scale[at];  // exact: a power of two
+            f[TILE_ROWS + r] = q->sum[at];
+            f[2 * TILE_ROWS + r] = -8.0f * q->sum[at];
+            for (int p = 0; p < 2; p++)
+                ((int32_t*)f)[(3 + p) * TILE_ROWS + r] = p < P ? 128 * q->psum[3 * at + p] : 0;
         }
 }
 
@@ -64,20 +69,30 @@ ALWAYS_INLINE __m512i dpbusd_bcst(__m512i acc, __m512i w, const int8_t* x) {
     return acc;
 }
 
-// ROWS rows x 16 outputs at 8 bits from a tile's chunks: per row and block 8 vpdpbusd and two
-// or three fp32 operations (the 24-bit path's on x_int = 65536 v: f * 65536 * scale folded
-// into f * (scale * 65536), exact).
-ALWAYS_INLINE void tile8_avx512_t(int qt, int ROWS, const uint8_t* gw, int64_t nb,
-                                  const int8_t* chunks, float out[][GROUP]) {
+// One plane's exact dot products of a row's block with the 16 weight rows (two short chains).
+ALWAYS_INLINE __m512i plane_dot(const __m512i w[8], const int8_t* x) {
+    __m512i s = _mm512_setzero_si512(), t = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j += 2) {
+        s = dpbusd_bcst(s, w[j], x + 4 * j);
+        t = dpbusd_bcst(t, w[j + 1], x + 4 * j + 4);
+    }
+    return _mm512_add_epi32(s, t);
+}
+
+// ROWS rows x 16 outputs with P planes from a tile's chunks: per row and block 8 P vpdpbusd
+// and the 24-bit path's fp32 operations (at 8 bits f * 65536 * scale as f * (scale * 65536)).
+ALWAYS_INLINE void tile_avx512_t(int qt, int P, int ROWS, const uint8_t* gw, int64_t nb,
+                                 const int8_t* chunks, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
     const int qs = group_qs_bytes(qt);
     const __m512i nib = _mm512_set1_epi8(0x0F);
-    __m512 acc[TILE8_ROWS];
+    __m512 acc[TILE_ROWS];
     for (int m = 0; m < ROWS; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t* blk = gw + b * gbb;
-        const int8_t* c = chunks + b * CHUNK8;
-        const float* f = (const float*)(c + TILE8_ROWS * QK);
+        const int8_t* c = chunks + b * CHUNK(P);
+        const float* f = (const float*)(c + TILE_ROWS * QK * P);
+        const int32_t* off = (const int32_t*)f + 3 * TILE_ROWS;
         __m512i w[8];
         if (qt == QT_Q8_0) {
             for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(blk + 64 * j);
@@ -94,63 +109,73 @@ ALWAYS_INLINE void tile8_avx512_t(int qt, int ROWS, const uint8_t* gw, int64_t n
             : _mm512_setzero_ps();
 #pragma GCC unroll 16
         for (int m = 0; m < ROWS; m++) {
-            __m512i S = _mm512_setzero_si512(), T = _mm512_setzero_si512();  // two short chains
-            for (int j = 0; j < 8; j += 2) {
-                S = dpbusd_bcst(S, w[j], c + m * QK + 4 * j);
-                T = dpbusd_bcst(T, w[j + 1], c + m * QK + 4 * j + 4);
+            __m512i S0 = plane_dot(w, c + m * QK);
+            if (qt == QT_Q8_0) S0 = _mm512_sub_epi32(S0, _mm512_set1_epi32(off[m]));
+            __m512 x;
+            if (P == 1) {
+                x = _mm512_cvtepi32_ps(S0);
+            } else {
+                __m512i S1 = plane_dot(w, c + (TILE_ROWS + m) * QK);
+                if (qt == QT_Q8_0) S1 = _mm512_sub_epi32(S1, _mm512_set1_epi32(off[TILE_ROWS + m]));
+                x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S0), _mm512_set1_ps(65536.0f),
+                                    _mm512_cvtepi32_ps(_mm512_slli_epi32(S1, 8)));
             }
-            S = _mm512_add_epi32(S, T);
-            if (qt == QT_Q8_0)
-                S = _mm512_sub_epi32(S, _mm512_set1_epi32(((const int32_t*)f)[3 * TILE8_ROWS + m]));
-            const __m512 x = _mm512_cvtepi32_ps(S);
             if (qt == QT_Q4_0) {
                 const __m512 g = _mm512_fmadd_ps(x, _mm512_set1_ps(f[m]),
-                                                 _mm512_set1_ps(f[2 * TILE8_ROWS + m]));
+                                                 _mm512_set1_ps(f[2 * TILE_ROWS + m]));
                 acc[m] = _mm512_fmadd_ps(g, d, acc[m]);
             } else {
                 acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(x, _mm512_set1_ps(f[m])), d, acc[m]);
                 if (qt == QT_Q4_1)
-                    acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(f[TILE8_ROWS + m]), acc[m]);
+                    acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(f[TILE_ROWS + m]), acc[m]);
             }
         }
     }
     for (int m = 0; m < ROWS; m++) _mm512_storeu_ps(out[m], acc[m]);
 }
 
-#define TILE8_M(T, ROWS) tile8_avx512_t(T, ROWS, gw, nb, chunks, out)
-#define TILE8_FOR_ROWS(T)               \
-    switch (M) {                        \
-        case 1: TILE8_M(T, 1); break;   \
-        case 2: TILE8_M(T, 2); break;   \
-        case 3: TILE8_M(T, 3); break;   \
-        case 4: TILE8_M(T, 4); break;   \
-        case 5: TILE8_M(T, 5); break;   \
-        case 6: TILE8_M(T, 6); break;   \
-        case 7: TILE8_M(T, 7); break;   \
-        case 8: TILE8_M(T, 8); break;   \
-        case 9: TILE8_M(T, 9); break;   \
-        case 10: TILE8_M(T, 10); break; \
-        case 11: TILE8_M(T, 11); break; \
-        default: TILE8_M(T, 12); break; \
+#define TILE_M(T, P, ROWS) tile_avx512_t(T, P, ROWS, gw, nb, chunks, out)
+#define TILE_FOR_ROWS(T, P)                \
+    switch (M) {                           \
+        case 1: TILE_M(T, P, 1); break;    \
+        case 2: TILE_M(T, P, 2); break;    \
+        case 3: TILE_M(T, P, 3); break;    \
+        case 4: TILE_M(T, P, 4); break;    \
+        case 5: TILE_M(T, P, 5); break;    \
+        case 6: TILE_M(T, P, 6); break;    \
+        case 7: TILE_M(T, P, 7); break;    \
+        case 8: TILE_M(T, P, 8); break;    \
+        case 9: TILE_M(T, P, 9); break;    \
+        case 10: TILE_M(T, P, 10); break;  \
+        case 11: TILE_M(T, P, 11); break;  \
+        default: TILE_M(T, P, 12); break;  \
+    }
+#define TILE_FOR_FORMAT(P)                               \
+    switch (qt) {                                        \
+        case QT_Q4_0: TILE_FOR_ROWS(QT_Q4_0, P); break;  \
+        case QT_Q4_1: TILE_FOR_ROWS(QT_Q4_1, P); break;  \
+        case QT_Q8_0: TILE_FOR_ROWS(QT_Q8_0, P); break;  \
+        default: break;                                  \
     }
 
-static void tile8(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, const int8_t* chunks,
-                  int64_t M, int64_t K, float out[][GROUP]) {
+static void tile(int qt, int P, const uint8_t* gw, int64_t nb, const IntRows* q,
+                 const int8_t* chunks, int64_t M, int64_t K, float out[][GROUP]) {
     (void)q, (void)K;
-    switch (qt) {
-        case QT_Q4_0: TILE8_FOR_ROWS(QT_Q4_0); break;
-        case QT_Q4_1: TILE8_FOR_ROWS(QT_Q4_1); break;
-        case QT_Q8_0: TILE8_FOR_ROWS(QT_Q8_0); break;
-        default: break;
-    }
+    if (P == 1)
+        TILE_FOR_FORMAT(1)
+    else
+        TILE_FOR_FORMAT(2)
 }
 #else
-// Elsewhere the GEMV's one-plane tiles (AVX2: vpdpbusd emulated or AVX-VNNI) are the 8-bit
-// tiles; they read the rows as quantized.
-static void tile8(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, const int8_t* chunks,
-                  int64_t M, int64_t K, float out[][GROUP]) {
+// Elsewhere the GEMV's tiles on the leading planes (AVX2: vpdpbusd emulated or AVX-VNNI)
+// are the 8- and 16-bit tiles; they read the rows as quantized.
+static void tile(int qt, int P, const uint8_t* gw, int64_t nb, const IntRows* q,
+                 const int8_t* chunks, int64_t M, int64_t K, float out[][GROUP]) {
     (void)chunks;
-    int_dot_group_fast_high(qt, gw, nb, q, M, K, out);
+    if (P == 1)
+        int_dot_group_fast_high(qt, gw, nb, q, M, K, out);
+    else
+        int_dot_group_fast_two(qt, gw, nb, q, M, K, out);
 }
 #endif
 
@@ -160,37 +185,37 @@ static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const ui
                          int64_t N, const float* bias, float* y, int accumulate, int bits,
                          int nthreads) {
     const int64_t nb = K / QK, gbb = group_block_bytes(qt);
-    const int fast8 = run == RUN_FAST && bits == 8;
-    const int64_t tile_rows = fast8 ? TILE8_ROWS : MAX_ROWS;
+    const int P = bits == 8 ? 1 : bits == 16 ? 2 : 3;  // the digit planes that run
+    const int tiled = run == RUN_FAST && P < 3;
+    const int64_t tile_rows = tiled ? TILE_ROWS : MAX_ROWS;
     // rows a thread runs each of its groups over at a time: their digits stay in L2
     const int64_t block = tile_rows * (K <= 2048 ? ROW_TILES : ROW_TILES / 4);
     void* buffer;
     IntRows q = int_dot_alloc_rows(M, K, &buffer);
-    int_dot_quantize_rows(x, M, K, &q, bits == 8 ? BITS8 : bits == 16 ? BITS16 : BITS24, nthreads);
+    int_dot_quantize_rows(x, M, K, &q, P == 1 ? BITS8 : P == 2 ? BITS16 : BITS24, nthreads);
     int8_t* chunks = NULL;
-    if (fast8) {
-        chunks = malloc((size_t)((M + TILE8_ROWS - 1) / TILE8_ROWS * nb * CHUNK8));
-        pack_bits8(&q, M, K, chunks);
+    if (tiled) {
+        chunks = malloc((size_t)((M + TILE_ROWS - 1) / TILE_ROWS * nb * CHUNK(P)));
+        pack_rows(&q, P, M, K, chunks);
     }
 #pragma omp parallel num_threads(nthreads)
     for (int64_t b0 = 0; b0 < M; b0 += block) {
         const int64_t b1 = M - b0 < block ? M : b0 + block;
 #pragma omp for schedule(static) nowait
         for (int64_t g = 0; g < N / GROUP; g++) {
-            float out[TILE8_ROWS > MAX_ROWS ? TILE8_ROWS : MAX_ROWS][GROUP];
+            float out[TILE_ROWS > MAX_ROWS ? TILE_ROWS : MAX_ROWS][GROUP];
             for (int64_t m0 = b0; m0 < b1; m0 += tile_rows) {
                 const int64_t rows = b1 - m0 < tile_rows ? b1 - m0 : tile_rows;
-                const IntRows tile = {q.planes + 3 * m0 * K, q.scale + m0 * nb, q.sum + m0 * nb,
-                                      q.psum + 3 * m0 * nb};
+                const IntRows rows_q = {q.planes + 3 * m0 * K, q.scale + m0 * nb,
+                                        q.sum + m0 * nb, q.psum + 3 * m0 * nb};
                 const uint8_t* gw = w + g * nb * gbb;
-                if (fast8)
-                    tile8(qt, gw, nb, &tile, chunks + m0 / TILE8_ROWS * nb * CHUNK8, rows, K, out);
-                else if (run == RUN_FAST && bits == 16)
-                    int_dot_group_fast_two(qt, gw, nb, &tile, rows, K, out);
+                if (tiled)
+                    tile(qt, P, gw, nb, &rows_q, chunks + m0 / TILE_ROWS * nb * CHUNK(P), rows, K,
+                         out);
                 else if (run == RUN_FAST)
-                    int_dot_group_fast(qt, gw, nb, &tile, rows, K, out);
+                    int_dot_group_fast(qt, gw, nb, &rows_q, rows, K, out);
                 else
-                    int_dot_group_c(qt, gw, nb, &tile, rows, K, out);
+                    int_dot_group_c(qt, gw, nb, &rows_q, rows, K, out);
                 for (int64_t m = 0; m < rows; m++) {
                     float* yr = y + (m0 + m) * N + g * GROUP;
                     for (int r = 0; r < GROUP; r++) {
