@@ -26,6 +26,7 @@ ASSISTANT = "assistant"
 # finish reasons besides the engine's own ("stop", "length", ...)
 FINISH_STOP = "stop"
 FINISH_TOOL_CALLS = "tool_calls"  # the choice ended on its own with calls
+REASONING_CONTENT = "reasoning_content"  # the thinking split from the answer (vLLM's name)
 FINISH_CONTENT_FILTER = "content_filter"  # a guardrail replaced the answer
 
 # field names
@@ -162,6 +163,11 @@ def role_delta() -> dict[str, Any]:
 
 def content_delta(text: str) -> dict[str, Any]:
     return {CONTENT: text}
+
+
+def reasoning_delta(text: str) -> dict[str, Any]:
+    """A streamed piece of the reasoning (vLLM's `reasoning_content`)."""
+    return {REASONING_CONTENT: text}
 
 
 def tool_call_start(index: int, call_id: str, name: str) -> dict[str, Any]:

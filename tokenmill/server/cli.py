@@ -23,6 +23,7 @@ from tokenmill.server.settings import (
     ServerSettings,
     resolve_api_key,
 )
+from tokenmill.structured.reasoning import REASONING_PARSER_CHOICES
 
 if TYPE_CHECKING:
     from tokenmill.model.model_files import ModelFiles
@@ -82,6 +83,13 @@ def add_serve_parser(sub, add_engine_args) -> None:
         "strings in messages become control tokens)",
     )
     p.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=REASONING_PARSER_CHOICES,
+        help="split <think> reasoning from the answer into reasoning_content (auto: when the "
+        "model's chat template uses <think>; none: leave it in the content)",
+    )
+    p.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds to finish requests on SIGTERM"
     )
     add_response_store_args(p)
@@ -111,6 +119,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         max_body_bytes=args.max_request_body,
         default_max_tokens=args.default_max_tokens,
         allow_special_tokens_in_content=args.allow_special_tokens_in_content,
+        reasoning_parser=args.reasoning_parser,
         response_store=response_store_config(args),
         batch=batch_config(args),
     )

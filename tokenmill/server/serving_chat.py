@@ -28,6 +28,12 @@ from tokenmill.server.state import (
     stream_chunk,
     usage_options,
 )
+from tokenmill.structured.reasoning import (
+    ReasoningParser,
+    prompt_opens_thinking,
+    resolve_reasoning_parser,
+    split_reasoning,
+)
 from tokenmill.structured.tools import (
     ContentDelta,
     ToolCallArgumentsDelta,
@@ -94,6 +100,10 @@ async def create_chat_completion(
     chat = _ChatOutput(
         state, req, completion_id, model, request_tools(req) is not None, params.logprobs
     )
+    chat.reasoning = resolve_reasoning_parser(
+        state.settings.reasoning_parser, engine.chat_template.source
+    )
+    chat.opens_thinking = prompt_opens_thinking(prompt)
     if req.stream:
         return event_stream(chat.stream(stream, record), request_id)
     final = (await final_outputs(raw, stream, request_id))[completion_id]
@@ -120,6 +130,8 @@ class _ChatOutput:
         self.parse_tools = parse_tools
         self.top = top
         self.parallel = parallel_calls(req)
+        self.reasoning: str | None = None  # the reasoning parser in force (structured/reasoning)
+        self.opens_thinking = False  # the prompt ends inside the template's <think>
 
     def _logprobs(self, c: CompletionOutput) -> dict[str, Any] | None:
         if self.top is None or not c.logprobs:
@@ -137,11 +149,16 @@ class _ChatOutput:
         completion_tokens = 0
         for c in final.outputs:
             completion_tokens += len(c.token_ids)
-            message = co.assistant_message(c.text)
+            text, reasoning = c.text, None
+            if self.reasoning is not None:
+                reasoning, text = split_reasoning(c.text, self.opens_thinking)
+            message = co.assistant_message(text)
+            if self.reasoning is not None:
+                message[co.REASONING_CONTENT] = reasoning
             calls = []
             if self.parse_tools:
                 parser = ToolCallParser()
-                parser.feed(c.text)
+                parser.feed(text)
                 parser.finish()
                 parsed = parser.result()
                 # a call cut off or malformed is never returned as a call
@@ -172,6 +189,10 @@ class _ChatOutput:
         tokens = [0] * n
         sent_role = [False] * n
         parsers = [ToolCallParser() if self.parse_tools else None for _ in range(n)]
+        thoughts = [
+            ReasoningParser(self.opens_thinking) if self.reasoning is not None else None
+            for _ in range(n)
+        ]
         call_ids: list[dict[int, str]] = [{} for _ in range(n)]
         # content that is only whitespace so far: held until text follows, dropped if calls do
         held: list[str | None] = [""] * n  # None once text was sent
@@ -188,14 +209,24 @@ class _ChatOutput:
             return co.usage(prompt_tokens, sum(tokens), cached) if continuous else None
 
         def deltas(index: int, text: str, finished: bool) -> list[dict[str, Any]]:
-            """Text -> OpenAI deltas (content and tool-call pieces) for one choice."""
+            """Text -> OpenAI deltas (reasoning, content and tool-call pieces) for one choice."""
+            out: list[dict[str, Any]] = []
+            thought = thoughts[index]
+            if thought is not None:
+                split = thought.feed(text)
+                if finished:
+                    end = thought.finish()
+                    split.reasoning, split.content = (split.reasoning + end.reasoning,
+                                                      split.content + end.content)  # fmt: skip
+                if split.reasoning:
+                    out.append(co.reasoning_delta(split.reasoning))
+                text = split.content
             parser = parsers[index]
             if parser is None:
-                return [co.content_delta(text)] if text else []
+                return out + [co.content_delta(text)] if text else out
             events = parser.feed(text) + (parser.finish() if finished else [])
             if not self.parallel:
                 events = [e for e in events if isinstance(e, ContentDelta) or e.index == 0]
-            out: list[dict[str, Any]] = []
             for ev in events:
                 if isinstance(ev, ContentDelta):
                     text = ev.text

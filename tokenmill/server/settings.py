@@ -26,6 +26,9 @@ class ServerSettings:
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     # requests may ask for control-token strings in messages to be control tokens
     allow_special_tokens_in_content: bool = False
+    # chat responses split <think> reasoning into reasoning_content: "auto" (when the chat
+    # template speaks <think>), "none", or a parser by name (structured/reasoning.py)
+    reasoning_parser: str = "auto"
     response_store: ResponseStoreConfig = ResponseStoreConfig()
     batch: BatchConfig = BatchConfig(path="off")  # `serve` turns it on (server/batch/config.py)
     # the gateway (keys, limits, ledger, guardrails, tool policy) from this YAML file

@@ -1,0 +1,109 @@
+"""Reasoning split from the answer: `<think>...</think>` (Qwen3, DeepSeek-R1 style), as vLLM's
+reasoning parsers report it (`reasoning_content` beside `content`).
+
+One incremental parser serves streaming and whole responses: text is fed in any chunking and
+the same split comes out. An output that opens with `<think>` (or whose prompt ends inside an
+open `<think>`, as templates that start the thinking themselves do) is reasoning until
+`</think>`; everything after it, and any output that does not open with `<think>` (thinking
+switched off: `chat_template_kwargs: {"enable_thinking": false}`), is content.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+REASONING_PARSERS = ("qwen3", "deepseek_r1")
+REASONING_PARSER_CHOICES = ("auto", "none", *REASONING_PARSERS)
+
+
+@dataclass
+class ReasoningDelta:
+    reasoning: str = ""
+    content: str = ""
+
+
+def _held(text: str, tag: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of tag."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+class ReasoningParser:
+    """Feeds text, returns what became reasoning and content so far (partial tags held)."""
+
+    def __init__(self, prompt_opens_thinking: bool = False) -> None:
+        self.state = "reasoning" if prompt_opens_thinking else "start"
+        self.buffer = ""
+        self.after_end = False  # newlines right after </think> are no content
+
+    def feed(self, text: str) -> ReasoningDelta:
+        self.buffer += text
+        out = ReasoningDelta()
+        while self.buffer:
+            if self.state == "start":
+                head = self.buffer.lstrip()
+                if head.startswith(THINK_START):
+                    self.buffer = head[len(THINK_START) :]
+                    self.state = "reasoning"
+                elif THINK_START.startswith(head):
+                    break  # could still open with <think>: wait for more
+                else:
+                    self.state = "content"
+            elif self.state == "reasoning":
+                end = self.buffer.find(THINK_END)
+                if end < 0:
+                    keep = _held(self.buffer, THINK_END)
+                    out.reasoning += self.buffer[: len(self.buffer) - keep]
+                    self.buffer = self.buffer[len(self.buffer) - keep :]
+                    break
+                out.reasoning += self.buffer[:end]
+                self.buffer = self.buffer[end + len(THINK_END) :]
+                self.state, self.after_end = "content", True
+            else:
+                if self.after_end:
+                    self.buffer = self.buffer.lstrip("\n")
+                    if not self.buffer:
+                        break
+                    self.after_end = False
+                out.content += self.buffer
+                self.buffer = ""
+        return out
+
+    def finish(self) -> ReasoningDelta:
+        """What was held back at the end: an unfinished thought stays reasoning."""
+        rest, self.buffer = self.buffer, ""
+        if self.state == "reasoning":
+            return ReasoningDelta(reasoning=rest)
+        return ReasoningDelta(content=rest.lstrip("\n") if self.after_end else rest)
+
+
+def split_reasoning(text: str, prompt_opens_thinking: bool = False) -> tuple[str | None, str]:
+    """(reasoning or None when there was none, content) of a whole output."""
+    parser = ReasoningParser(prompt_opens_thinking)
+    a, b = parser.feed(text), parser.finish()
+    reasoning = a.reasoning + b.reasoning
+    opened = prompt_opens_thinking or text.lstrip().startswith(THINK_START)
+    return (reasoning if opened else None), a.content + b.content
+
+
+def prompt_opens_thinking(prompt: str) -> bool:
+    """The rendered prompt ends inside a `<think>` block the template opened."""
+    return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)
+
+
+def resolve_reasoning_parser(name: str, chat_template_source: str | None) -> str | None:
+    """The parser in force for --reasoning-parser `name`: "auto" picks the think-tag parser
+    when the model's chat template speaks <think>; "none" turns it off."""
+    if name == "none":
+        return None
+    if name == "auto":
+        return "qwen3" if chat_template_source and THINK_END in chat_template_source else None
+    if name not in REASONING_PARSERS:
+        raise ValueError(
+            f"reasoning-parser: unknown {name!r} (one of {', '.join(REASONING_PARSER_CHOICES)})"
+        )
+    return name
