@@ -291,6 +291,12 @@ class EngineConfig:
     attention_backend: str = "auto"
     # CUDA: decode and verification steps run eagerly instead of as captured CUDA graphs
     enforce_eager: bool = False
+    # LoRA adapters served beside the base ("NAME=PATH": a PEFT folder or a GGUF LoRA file);
+    # enable_lora: adapters may be loaded at run time (/v1/load_lora_adapter) even with none
+    lora_modules: tuple[str, ...] = ()
+    enable_lora: bool = False
+    max_loras: int = 8  # distinct adapters one batch may mix
+    max_lora_rank: int = 64  # adapters of a higher rank are refused
     # Loop cut-off for requests that do not set their own (None: off).
     repetition_detection: RepetitionDetection | None = field(default_factory=RepetitionDetection)
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
@@ -303,6 +309,8 @@ class EngineConfig:
     kernel_config: KernelConfig = field(default_factory=KernelConfig.from_env)
 
     def __post_init__(self) -> None:
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError("max_loras and max_lora_rank: must be at least 1")
         if self.device not in DEVICES:
             raise ValueError(f"device: unknown value {self.device!r} (one of {', '.join(DEVICES)})")
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -24,6 +24,7 @@ class EngineCoreRequest:
     cache_salt: str | None = None
     kv_transfer_params: dict | None = None  # KVTransferParams.to_json()
     pooling_params: PoolingParams | None = None  # an embedding request
+    lora_name: str | None = None  # the LoRA adapter to run with (None: the base model)
 
 
 @dataclass

@@ -45,6 +45,7 @@ class Request:
         priority: int = 0,
         cache_salt: str | None = None,
         pooling_params: PoolingParams | None = None,
+        lora_name: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -52,6 +53,7 @@ class Request:
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.priority = priority
         self.cache_salt = cache_salt
+        self.lora_name = lora_name  # the LoRA adapter it runs with (None: the base model)
         # a pooling (embedding) request: its prompt runs once, pooled instead of sampled
         self.pooling_params = pooling_params
         self.pooled_parts: dict[int, torch.Tensor] = {}  # chunk start -> pooled sum (MEAN)

@@ -49,6 +49,8 @@ def test_serve_help_lists_exactly_the_keys_config_accepts():
 
 def sample(field: dataclasses.Field, arg) -> Any:
     """A value of the field other than its default, as its flag parses it."""
+    if arg.kind == "append":
+        return ["name=/tmp/adapter"]
     if arg.kind != "value":
         return not field.default if field.default is not None else False
     if arg.choices:

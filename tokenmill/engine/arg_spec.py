@@ -33,8 +33,9 @@ SECTIONS: dict[str, type] = {
 }
 # Flag groups: every engine-running command gets ENGINE and KERNELS; `serve` KV_TRANSFER too.
 ENGINE, KERNELS, KV_TRANSFER = "engine", "kernels", "prefill/decode disaggregation"
-# "value": --flag VALUE; "off": --no-thing stores False; "toggle": --thing / --no-thing
-Kind = Literal["value", "off", "toggle"]
+# "value": --flag VALUE; "off": --no-thing stores False; "toggle": --thing / --no-thing;
+# "append": --flag VALUE, repeated (a tuple of them)
+Kind = Literal["value", "off", "toggle", "append"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class CliArg:
         return name if self.kind != "value" else self.flag[2:].replace("-", "_")
 
     def to_setting(self, value: Any) -> Any:
+        if self.kind == "append":
+            return tuple(value or ())
         return int(value * self.unit.size) if self.unit and value is not None else value
 
 
@@ -121,6 +124,11 @@ def add_arguments(
         g, help = made[arg.group], (arg.help or "") + env_note(arg.target) or None
         if arg.kind == "off":  # the dest, the field's name, is a `--config` key too
             g.add_argument(arg.flag, dest=f.name, action="store_false", help=help)
+        elif arg.kind == "append":
+            g.add_argument(
+                arg.flag, dest=f.name, action="append", default=None, metavar=arg.metavar,
+                help=help,
+            )  # fmt: skip
         elif arg.kind == "toggle":
             g.add_argument(
                 arg.flag, dest=f.name, action=argparse.BooleanOptionalAction,

@@ -136,6 +136,17 @@ class EngineArgs:
         "enforce_eager", "CUDA: run decode steps eagerly instead of as captured CUDA graphs",
         kind="toggle",
     )  # fmt: skip
+    lora_modules: tuple[str, ...] = option(
+        "lora_modules", "a LoRA adapter served beside the base model, requested by NAME as the "
+        "model (a PEFT folder or a GGUF LoRA file; repeat for more)", flag="--lora",
+        kind="append", metavar="NAME=PATH",
+    )  # fmt: skip
+    enable_lora: bool = option(
+        "enable_lora", "LoRA adapters may be loaded at run time (POST /v1/load_lora_adapter); "
+        "on whenever --lora is given", kind="toggle",
+    )  # fmt: skip
+    max_loras: int = option("max_loras", "LoRA adapters one batch may mix")
+    max_lora_rank: int = option("max_lora_rank", "adapters of a higher rank are refused")
     gpu_memory_utilization: float = option(
         C + "gpu_memory_utilization", "CUDA: share of the GPU's memory the engine may use "
         "(KV blocks sized from what a warm-up forward leaves free)", metavar="FRACTION",

@@ -74,6 +74,7 @@ class GenerationRequest:
     cache_salt: str | None = None
     kv_transfer_params: dict | None = None  # prefill/decode disaggregation (the router's)
     pooling_params: PoolingParams | None = None  # an embedding: the prompt pooled, no tokens
+    lora_name: str | None = None  # the LoRA adapter the request's `model` names
 
 
 class OutputStream:
@@ -249,7 +250,7 @@ class AsyncLLM:
                 self._timing[r.request_id] = RequestTiming(now, len(r.prompt_token_ids))
                 core_requests += self.processor.make_requests(
                     r.request_id, r.prompt_token_ids, r.params, child_ids, now, r.priority,
-                    r.cache_salt, r.kv_transfer_params, r.pooling_params,
+                    r.cache_salt, r.kv_transfer_params, r.pooling_params, r.lora_name,
                 )  # fmt: skip
             await self.client.add_requests(core_requests)
         except BaseException:

@@ -13,6 +13,7 @@ import zmq
 
 from tokenmill.cache_dirs import cache_root
 from tokenmill.config import EngineConfig, KernelConfig, SchedulerConfig, SpeculativeConfig
+from tokenmill.engine.lora_manager import LoRAManager
 from tokenmill.engine.pooling import ModelPooling, encoder_engine_config
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.inputs.validation import validate_params, validate_prompt
@@ -151,6 +152,7 @@ class EngineCore:
             self.max_model_len,
             self.drafter,
         )
+        self.lora = LoRAManager.from_config(config, self.model, self.runner, self.scheduler)
         if self.recorder is not None:
             recorder = self.recorder
             self.scheduler.on_finished = lambda r: recorder.record(
@@ -324,6 +326,10 @@ class EngineCore:
         validate_prompt(req.prompt_token_ids, self.vocab_size, self.max_model_len)
         validate_params(req.sampling_params, self.vocab_size)
         pooling = self.pooling.resolve(req.pooling_params)
+        if req.lora_name is not None:
+            if self.lora is None:
+                raise ValueError("model: this server runs no LoRA adapters")
+            self.lora.check(req.lora_name)
         transfer = self._transfer_params(req)
         bound = self.config.scheduler_config.max_waiting_requests
         if bound is not None and self.scheduler.num_waiting >= bound:
@@ -338,6 +344,7 @@ class EngineCore:
             priority=req.priority,
             cache_salt=req.cache_salt,
             pooling_params=pooling,
+            lora_name=req.lora_name,
         )
         params = req.sampling_params
         self.structured.init_request(request, params)

@@ -22,6 +22,7 @@ import zmq
 
 from tokenmill.config import EngineConfig
 from tokenmill.engine.core import EngineCore, QueueFullError
+from tokenmill.engine.lora_manager import LORA_UTILITIES, lora_utility
 from tokenmill.engine.serialization import decode_request, encode_outputs, pack, unpack
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.messages import EngineCoreOutput, EngineCoreOutputs
@@ -57,6 +58,7 @@ class EngineCoreProc:
             "kernels": core.kernel_info(),
             "device": core.device_info(),
             "pooling": core.pooling.to_info(),
+            "lora": core.lora.list() if core.lora is not None else None,
             "pid": os.getpid(),
             "startup": core.profile.to_dict(),
             "kv_transfer": core.kv_connector.info() if core.kv_connector else None,
@@ -168,6 +170,8 @@ class EngineCoreProc:
                 "kv_cache_usage": s.kv_cache_usage,
                 **self.core.block_accounting(),
             }
+        if method in LORA_UTILITIES:
+            return lora_utility(self.core.lora, method, args)
         if method == "kv_digests":
             return self.core.kv_digests(args[0], args[1] if len(args) > 1 else None)
         raise ValueError(f"unknown utility method {method!r}")

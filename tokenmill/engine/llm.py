@@ -39,7 +39,9 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         priority: Sequence[int] | None = None,
         use_progress: bool = False,
+        lora_name: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
+        """`lora_name`: the LoRA adapter of every prompt, or one per prompt (None: the base)."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
         ):
@@ -52,9 +54,17 @@ class LLM:
             params_list = list(params)
             if len(params_list) != len(prompts):
                 raise ValueError("sampling_params: the list must be as long as the prompts")
-        return self._run(
-            [(p, sp) for p, sp in zip(prompts, params_list, strict=True)], priority, use_progress
+        loras = (
+            [lora_name] * len(prompts)
+            if lora_name is None or isinstance(lora_name, str)
+            else list(lora_name)
         )
+        if len(loras) != len(prompts):
+            raise ValueError("lora_name: the list must be as long as the prompts")
+        return self._run(
+            [(p, sp) for p, sp in zip(prompts, params_list, strict=True)], priority, use_progress,
+            loras,
+        )  # fmt: skip
 
     def chat(
         self,
@@ -79,6 +89,7 @@ class LLM:
         items: list[tuple[PromptType, SamplingParams]],
         priority: Sequence[int] | None,
         use_progress: bool,
+        lora_names: Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
         engine = self.engine
         ids = []
@@ -88,7 +99,10 @@ class LLM:
                     # generate() returns finished outputs only: skip building partial ones
                     params = params.clone(output_kind=RequestOutputKind.FINAL_ONLY)
                 rid = engine.new_request_id()
-                engine.add_request(rid, prompt, params, priority[i] if priority else 0)
+                engine.add_request(
+                    rid, prompt, params, priority[i] if priority else 0,
+                    lora_name=lora_names[i] if lora_names else None,
+                )  # fmt: skip
                 ids.append(rid)
         except Exception:
             for rid in ids:

@@ -50,6 +50,7 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         pooling_params: PoolingParams | None = None,
+        lora_name: str | None = None,
     ) -> None:
         text, token_ids = self.processor.tokenize_prompt(prompt)
         self.processor.validate(token_ids, params)
@@ -57,7 +58,7 @@ class LLMEngine:
         try:
             for req in self.processor.make_requests(
                 request_id, token_ids, params, child_ids, time.monotonic(), priority, cache_salt,
-                pooling_params=pooling_params,
+                pooling_params=pooling_params, lora_name=lora_name,
             ):  # fmt: skip
                 self.core.add_request(req)
         except Exception:

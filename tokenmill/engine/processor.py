@@ -57,6 +57,7 @@ class InputProcessor:
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
         pooling_params: PoolingParams | None = None,
+        lora_name: str | None = None,
     ) -> list[EngineCoreRequest]:
         """One core request per sample; seeded samples get distinct, reproducible seeds."""
         reqs = []
@@ -74,6 +75,7 @@ class InputProcessor:
                     cache_salt,
                     kv_transfer_params,
                     pooling_params,
+                    lora_name,
                 )  # fmt: skip
             )
         return reqs

@@ -57,17 +57,18 @@ def encode_request(req: EngineCoreRequest) -> bytes:
             req.cache_salt,
             req.kv_transfer_params,
             req.pooling_params.to_wire() if req.pooling_params is not None else None,
+            req.lora_name,
         ]
     )
 
 
 def decode_request(data: bytes) -> EngineCoreRequest:
-    rid, ids, params, arrival, priority, salt, kv, pooling = msgpack.unpackb(
+    rid, ids, params, arrival, priority, salt, kv, pooling, lora = msgpack.unpackb(
         data, strict_map_key=False
     )
     pooling_params = PoolingParams.from_wire(pooling) if pooling is not None else None
     return EngineCoreRequest(
-        rid, ids, _params_from_list(params), arrival, priority, salt, kv, pooling_params
+        rid, ids, _params_from_list(params), arrival, priority, salt, kv, pooling_params, lora
     )
 
 

@@ -25,8 +25,11 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra: bytes 
     return h.digest()[:16]
 
 
-def salt_key(cache_salt: str | None) -> bytes:
-    return b"salt:" + cache_salt.encode() if cache_salt else b""
+def salt_key(cache_salt: str | None, lora_name: str | None = None) -> bytes:
+    """The first block's extra key: the tenant's salt and the LoRA adapter (the same prompt
+    under two adapters, or an adapter and the base, never shares a block)."""
+    salt = b"salt:" + cache_salt.encode() if cache_salt else b""
+    return salt + (b"lora:" + lora_name.encode() if lora_name else b"")
 
 
 def block_hashes(
@@ -34,12 +37,13 @@ def block_hashes(
     block_size: int,
     cache_salt: str | None = None,
     known: Sequence[BlockHash] = (),
+    lora_name: str | None = None,
 ) -> list[BlockHash]:
     """Hashes of every full block of token_ids, extending `known` (a prefix already hashed)."""
     hashes = list(known)
     for i in range(len(hashes), len(token_ids) // block_size):
         parent = hashes[-1] if hashes else None
-        extra = salt_key(cache_salt) if i == 0 else b""
+        extra = salt_key(cache_salt, lora_name) if i == 0 else b""
         hashes.append(hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra))
     return hashes
 

@@ -101,7 +101,11 @@ class KVCacheManager:
 
     def _hashes(self, request: Request) -> list[BlockHash]:
         request.block_hashes = block_hashes(
-            request.all_token_ids, self.block_size, request.cache_salt, request.block_hashes
+            request.all_token_ids,
+            self.block_size,
+            request.cache_salt,
+            request.block_hashes,
+            request.lora_name,
         )
         return request.block_hashes
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
 from tokenmill.model.bert_config import BertConfig
+from tokenmill.model.linear import FloatMethod
 
 _ACT = {
     "gelu": F.gelu,
@@ -64,9 +65,9 @@ class BertModel:
     """The encoder behind the engine's model interface (forward over a flat batch)."""
 
     encoder_only = True
-    method = None  # plain float32 torch ops (no linear method, no packed weights)
 
     def __init__(self, cfg: BertConfig, weights: dict[str, torch.Tensor]) -> None:
+        self.method = FloatMethod()  # float32 torch ops: its dtype is the KV pool's
         self.bert_config = cfg
         self.config = cfg.arch()
         w = _strip(weights)

@@ -50,6 +50,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_repetition_cutoffs = 0
         self.connector: SchedulerConnector | None = None  # prefill worker: transfer leases
+        self.max_loras: int | None = None  # distinct LoRA adapters among running requests
 
     # ------------------------------------------------------------ requests in and out
 
@@ -136,6 +137,8 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting.peek()
+            if not self._lora_fits(request):
+                break  # its adapter waits for one of the running ones to finish
             computed = self.kv.get_computed_blocks(request)
             num_new = request.num_tokens - computed.num_tokens
             if not self.config.enable_chunked_prefill and num_new > budget:
@@ -159,6 +162,14 @@ class Scheduler:
         out.scheduled = list(scheduled.values())
         out.num_scheduled_tokens = sum(sr.num_new_tokens for sr in out.scheduled)
         return out
+
+    def _lora_fits(self, request: Request) -> bool:
+        """Its adapter is among the running ones, or there is room for one more
+        (--max-loras: the adapters one batch may mix)."""
+        if self.max_loras is None or request.lora_name is None:
+            return True
+        running = {r.lora_name for r in self.running if r.lora_name is not None}
+        return request.lora_name in running or len(running) < self.max_loras
 
     def _prefill_chunk(self, num_new: int) -> int:
         """A prompt's share of one step: at most long_prefill_token_threshold when set."""

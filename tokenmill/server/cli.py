@@ -202,6 +202,7 @@ def _serve(args, config, settings, client, profile: StartupProfile, files=None) 
     from tokenmill.server.api import build_app
     from tokenmill.server.draining import DrainingServer
     from tokenmill.server.http_protocol import envelope_protocol
+    from tokenmill.server.lora import check_lora_names
     from tokenmill.server.metrics import ServerMetrics
 
     uvicorn_level = "info" if logging.getLogger().level <= logging.INFO else "warning"
@@ -222,6 +223,7 @@ def _serve(args, config, settings, client, profile: StartupProfile, files=None) 
         )
         engine.observer = metrics
         names = args.served_model_name or [engine.model_name]
+        check_lora_names(config.lora_modules, names)
         # built while the engine core loads (its routes read the engine's facts when called);
         # not at a low priority: the gateway's ledger writer starts here and would inherit it
         app = build_app(engine, names, metrics, settings)

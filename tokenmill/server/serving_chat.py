@@ -93,6 +93,7 @@ async def create_chat_completion(
                 req.priority,
                 req.cache_salt,
                 kv_transfer_request(req, engine.engine_info, 1),
+                lora_name=state.lora_for(req.model),
             )  # fmt: skip
         ],
         request_id,

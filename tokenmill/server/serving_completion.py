@@ -50,11 +50,14 @@ async def create_completion(
     completion_id = new_id(co.COMPLETION_ID_PREFIX)
     requests = []
     kv_transfer = kv_transfer_request(req, engine.engine_info, len(prompts))
+    lora = state.lora_for(req.model)
     for i, (text, ids) in enumerate(prompts):
         params = sampling_params(state, req, len(ids), constraint)
         rid = f"{completion_id}-{i}"
         requests.append(
-            GenerationRequest(rid, ids, params, text, req.priority, req.cache_salt, kv_transfer)
+            GenerationRequest(
+                rid, ids, params, text, req.priority, req.cache_salt, kv_transfer, lora_name=lora
+            )
         )
     record = AccessRecord(request_id, completion_id, "completions", sum(len(p[1]) for p in prompts))
     stream = await submit(engine, requests, request_id)

@@ -67,7 +67,14 @@ async def create_embedding(
     params = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
     embedding_id = new_id("embd-")
     requests = [
-        GenerationRequest(f"{embedding_id}-{i}", ids, params, text, pooling_params=pooling)
+        GenerationRequest(
+            f"{embedding_id}-{i}",
+            ids,
+            params,
+            text,
+            pooling_params=pooling,
+            lora_name=state.lora_for(req.model),
+        )  # fmt: skip
         for i, (text, ids) in enumerate(prompts)
     ]
     prompt_tokens = sum(len(ids) for _, ids in prompts)

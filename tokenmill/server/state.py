@@ -19,6 +19,7 @@ from tokenmill.engine.core_client import EngineDeadError
 from tokenmill.openai import completion_objects
 from tokenmill.server.cpu_pool import off_loop
 from tokenmill.server.errors import APIError, from_value_error
+from tokenmill.server.lora import adapters as lora_adapters
 from tokenmill.server.metrics import ServerMetrics
 from tokenmill.server.settings import ServerSettings
 
@@ -57,15 +58,25 @@ class ServerState:
         return self.served_model_names[0]
 
     def check_model(self, name: str | None) -> str:
+        """The name the response gives: a served name of the base, or a LoRA adapter's."""
+        if self.lora_for(name) is not None:
+            return name
         if name is not None and name not in self.served_model_names:
+            available = [*self.served_model_names, *lora_adapters(self.engine)]
             raise APIError(
                 404,
-                f"The model `{name}` does not exist. Available models: {', '.join(self.served_model_names)}",
+                f"The model `{name}` does not exist. Available models: {', '.join(available)}",
                 "invalid_request_error",
                 "model",
                 "model_not_found",
             )
         return self.model_name
+
+    def lora_for(self, name: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (None: the base model)."""
+        if name is None or name in self.served_model_names:
+            return None
+        return name if name in lora_adapters(self.engine) else None
 
     def check_accepting(self) -> None:
         """New work (generation, background responses, batches) is refused at once while

@@ -10,6 +10,7 @@ from tokenmill.messages import PositionLogprobs
 from tokenmill.model.attention import AttentionBackend
 from tokenmill.model.attention_backends import get_attention_backend
 from tokenmill.model.llama import LlamaForCausalLM
+from tokenmill.model.lora_layers import LoRAModel
 from tokenmill.request import Request
 from tokenmill.sampling.metadata import SamplingMetadata
 from tokenmill.sampling.sampler import LogprobsTensors, Sampler, gather_logprobs
@@ -58,6 +59,7 @@ class ModelRunner:
         ]
         self.sampler = Sampler(structured)
         self.keep_features = False  # report each request's last hidden state (draft heads)
+        self.lora: LoRAModel | None = None  # the served LoRA adapters (--lora)
 
     def read_block(self, block_id: int) -> torch.Tensor:
         """One block's K and V for every layer: [num_layers, 2, block_numel] (a copy)."""
@@ -94,9 +96,17 @@ class ModelRunner:
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         inp = build_model_input(sched.scheduled, self.block_size, self.model.config.sliding_window)
         inp = inp.to(self.device)
-        hidden = self.model.forward(
-            inp.input_ids, inp.positions, self.kv_caches, self.attn, inp.attn_metadata
-        )
+        if self.lora is not None:  # each request's rows get its adapter's deltas
+            rows = [(sr.request.lora_name, start, sr.num_new_tokens)
+                    for sr, start in zip(inp.ordered, inp.query_starts, strict=True)]  # fmt: skip
+            self.lora.begin_step(rows, inp.input_ids.shape[0])
+        try:
+            hidden = self.model.forward(
+                inp.input_ids, inp.positions, self.kv_caches, self.attn, inp.attn_metadata
+            )
+        finally:
+            if self.lora is not None:
+                self.lora.end_step()
 
         sample_rows: list[int] = []
         sample_reqs: list[Request] = []

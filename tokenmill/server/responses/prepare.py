@@ -121,8 +121,14 @@ async def prepare(
             store=req.store and store is not None,
             context=items,
             generation=GenerationRequest(
-                response_id, prompt_ids, params, prompt, req.priority, req.cache_salt
-            ),
+                response_id,
+                prompt_ids,
+                params,
+                prompt,
+                req.priority,
+                req.cache_salt,
+                lora_name=state.lora_for(req.model),
+            ),  # fmt: skip
             parse_tools=request_tools(chat) is not None,
             parallel=parallel_calls(chat),
             record=AccessRecord(request_id, response_id, "responses", len(prompt_ids)),

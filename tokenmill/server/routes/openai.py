@@ -9,6 +9,8 @@ from fastapi import APIRouter, Request
 
 from tokenmill.openai.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.server.body import parse_body
+from tokenmill.server.lora import adapters as lora_adapters
+from tokenmill.server.lora import model_entry as lora_model_entry
 from tokenmill.server.serving_chat import create_chat_completion
 from tokenmill.server.serving_completion import create_completion
 from tokenmill.server.state import ServerState, server_state
@@ -23,13 +25,20 @@ REQUEST_BODIES = {
 @router.get("/v1/models")
 async def list_models(request: Request):
     state = server_state(request)
-    return {"object": "list", "data": [_model(state, name) for name in state.served_model_names]}
+    data = [_model(state, name) for name in state.served_model_names]
+    created = int(state.started)
+    for name, adapter in lora_adapters(state.engine).items():
+        data.append(lora_model_entry(name, adapter, state.model_name, created))
+    return {"object": "list", "data": data}
 
 
 @router.get("/v1/models/{model_id}")
 async def get_model(model_id: str, request: Request):
     state = server_state(request)
     state.check_model(model_id)
+    adapter = lora_adapters(state.engine).get(model_id)
+    if state.lora_for(model_id) is not None and adapter is not None:
+        return lora_model_entry(model_id, adapter, state.model_name, int(state.started))
     return _model(state, model_id)
 
 

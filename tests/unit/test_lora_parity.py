@@ -1,0 +1,137 @@
+"""Multi-LoRA against PEFT's PeftModel on the same random weights (fp32): three adapters of
+different ranks and target modules, each alone and all three plus the base in one batch
+(prompt logprobs at every position within 1e-4, greedy tokens equal); a GGUF LoRA of the
+same weights gives the same; the prefix cache never serves one adapter's blocks to another."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.lora_models import ADAPTERS, make_peft_adapter, write_gguf_lora
+from tokenmill import LLM, SamplingParams
+
+PROMPTS = [
+    "The capital of France is a city where",
+    "SELECT name FROM users WHERE",
+    "Roses are red, violets are",
+    "Once upon a time, far away, there lived a small dragon who",
+]
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_llama_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("loras")
+    return {
+        name: make_peft_adapter(tiny_llama_dir, root / name, rank, alpha, targets, seed=i)
+        for i, (name, rank, alpha, targets) in enumerate(ADAPTERS)
+    }
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir, adapters):
+    return LLM(
+        str(tiny_llama_dir), kv_cache_memory_gib=0.05, max_num_batched_tokens=64,
+        lora_modules=tuple(f"{n}={p}" for n, p in adapters.items()), max_lora_rank=16,
+    )  # fmt: skip
+
+
+def _reference(base_dir, adapter_dir, ids: list[int]) -> torch.Tensor:
+    """log_softmax of PEFT's logits at every position (the base's when adapter_dir is None)."""
+    import transformers
+    from peft import PeftModel
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base_dir).float().eval()
+    if adapter_dir is not None:
+        model = PeftModel.from_pretrained(model, adapter_dir).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().log_softmax(dim=-1)
+
+
+def _check(out, ref: torch.Tensor, ids: list[int]) -> None:
+    """Every prompt position's logprob of the next prompt token and its top 5, and the
+    greedy continuation's, against the reference."""
+    for pos, entry in enumerate(out.prompt_logprobs[1:], start=1):
+        for token, lp in entry.items():
+            assert abs(lp.logprob - float(ref[pos - 1, token])) < TOL, (pos, token)
+    generated = out.outputs[0].token_ids
+    assert generated[0] == int(ref[len(ids) - 1].argmax())
+
+
+def _run(llm, names):
+    tok = llm.get_tokenizer()
+    ids = [tok.encode(p) for p in PROMPTS[: len(names)]]
+    params = SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=5, logprobs=5)
+    outs = llm.generate(ids, params, lora_name=names)
+    return ids, outs
+
+
+@pytest.mark.parametrize("name", [a[0] for a in ADAPTERS])
+def test_each_adapter_alone_equals_peft(llm, tiny_llama_dir, adapters, name):
+    (ids,), (out,) = _run(llm, [name])
+    _check(out, _reference(tiny_llama_dir, adapters[name], ids), ids)
+
+
+def test_three_adapters_and_the_base_in_one_batch(llm, tiny_llama_dir, adapters):
+    names = [a[0] for a in ADAPTERS] + [None]
+    ids, outs = _run(llm, names)
+    for name, prompt_ids, out in zip(names, ids, outs, strict=True):
+        ref = _reference(tiny_llama_dir, adapters[name] if name else None, prompt_ids)
+        _check(out, ref, prompt_ids)
+    # the whole continuation too, against PEFT's greedy decoding of its own output
+    for name, prompt_ids, out in zip(names, ids, outs, strict=True):
+        full = prompt_ids + out.outputs[0].token_ids[:-1]
+        ref = _reference(tiny_llama_dir, adapters[name] if name else None, full)
+        assert out.outputs[0].token_ids == ref[len(prompt_ids) - 1 :].argmax(dim=-1).tolist()
+
+
+def test_decode_steps_mixing_adapters(llm, tiny_llama_dir, adapters):
+    """32 requests over the three adapters and the base, decoding together (the stacked
+    form), equal to one at a time (the segment form)."""
+    tok = llm.get_tokenizer()
+    names = [[a[0] for a in ADAPTERS] + [None]][0] * 8
+    prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(len(names))]
+    params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=3)
+    together = llm.generate(prompts, params, lora_name=names)
+    for i in (0, 1, 2, 3):
+        (alone,) = llm.generate([prompts[i]], params, lora_name=names[i])
+        assert alone.outputs[0].token_ids == together[i].outputs[0].token_ids
+        for a, b in zip(alone.outputs[0].logprobs, together[i].outputs[0].logprobs, strict=True):
+            for token in a:
+                assert abs(a[token].logprob - b[token].logprob) < TOL
+
+
+def test_gguf_lora_equals_the_peft_folder(tiny_llama_dir, adapters, tmp_path):
+    from tests.tiny_models import make_hf_model
+
+    cfg = make_hf_model("llama").config
+    gguf_path = write_gguf_lora(
+        adapters["chat"], tmp_path / "chat.gguf", cfg.num_attention_heads, cfg.num_key_value_heads
+    )
+    llm = LLM(
+        str(tiny_llama_dir), kv_cache_memory_gib=0.05,
+        lora_modules=(f"chat-gguf={gguf_path}", f"chat={adapters['chat']}"), max_lora_rank=16,
+    )  # fmt: skip
+    tok = llm.get_tokenizer()
+    ids = tok.encode(PROMPTS[0])
+    params = SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=5)
+    a, b = llm.generate([ids, ids], params, lora_name=["chat-gguf", "chat"])
+    _check(a, _reference(tiny_llama_dir, adapters["chat"], ids), ids)
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids
+
+
+def test_prefix_cache_is_keyed_by_adapter(llm):
+    """The same prompt under another adapter (or the base) finds no cached block; under the
+    same adapter it does."""
+    tok = llm.get_tokenizer()
+    ids = tok.encode(PROMPTS[3] * 3)
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    first = llm.generate([ids], params, lora_name="sql")[0]
+    same = llm.generate([ids], params, lora_name="sql")[0]
+    other = llm.generate([ids], params, lora_name="poet")[0]
+    base = llm.generate([ids], params)[0]
+    assert first.num_cached_tokens == 0
+    assert same.num_cached_tokens > 0
+    assert other.num_cached_tokens == 0 and base.num_cached_tokens == 0
+    llm.engine.core.check_invariants()
