@@ -128,6 +128,10 @@ class EngineCore:
             structured=self.structured,
         )  # fmt: skip
         profile.mark("allocate KV cache")
+        if self.device != "cpu" and not config.enforce_eager:
+            sched = config.scheduler_config
+            self.runner.capture_cuda_graphs(sched.max_num_seqs, self.max_model_len)
+            profile.mark("CUDA graphs")
         self.events = KVEventCollector(cache.block_size)
         self.publisher = (
             KVEventPublisher(cache.kv_events_endpoint, cache.kv_events_replay_endpoint)

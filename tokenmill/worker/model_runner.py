@@ -59,6 +59,7 @@ class ModelRunner:
         ]
         self.sampler = Sampler(structured)
         self.keep_features = False  # report each request's last hidden state (draft heads)
+        self.cuda_graphs = None  # decode steps as CUDA graphs (capture_cuda_graphs)
         self.lora: LoRAModel | None = None  # the served LoRA adapters (--lora)
 
     def read_block(self, block_id: int) -> torch.Tensor:
@@ -101,9 +102,7 @@ class ModelRunner:
                     for sr, start in zip(inp.ordered, inp.query_starts, strict=True)]  # fmt: skip
             self.lora.begin_step(rows, inp.input_ids.shape[0])
         try:
-            hidden = self.model.forward(
-                inp.input_ids, inp.positions, self.kv_caches, self.attn, inp.attn_metadata
-            )
+            hidden = self._forward(inp)
         finally:
             if self.lora is not None:
                 self.lora.end_step()
@@ -152,6 +151,25 @@ class ModelRunner:
                 if k is not None and lps is not None:
                     logprobs[req.request_id] = [_position(lps, row, k)]
         return ModelRunnerOutput(sampled, logprobs, prompt_lp, features, pooled)
+
+    def _forward(self, inp) -> torch.Tensor:
+        """The step's hidden states: a captured CUDA graph for decode-only steps where one
+        fits (none with LoRA deltas, whose rows change per step), else eagerly."""
+        meta, rows = inp.attn_metadata, inp.input_ids.shape[0]
+        graphs = self.cuda_graphs
+        if graphs is not None and self.lora is None and graphs.supports(meta, rows):
+            return graphs.forward(inp.input_ids, inp.positions, meta)
+        return self.model.forward(inp.input_ids, inp.positions, self.kv_caches, self.attn, meta)
+
+    def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """Decode steps from now on replay CUDA graphs (Triton attention on a GPU only)."""
+        if self.device.type != "cuda" or self.attn.name != "triton":
+            return
+        from tokenmill.worker.cuda_graphs import CUDAGraphRunner
+
+        self.cuda_graphs = CUDAGraphRunner(
+            self.model, self.attn, self.kv_caches, max_num_seqs, max_model_len
+        )
 
     def _verify(
         self,
