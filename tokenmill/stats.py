@@ -70,3 +70,5 @@ class SchedulerStats:
     kv_tiers: dict = field(default_factory=dict)
     spec_decode: SpecDecodeStats | None = None  # None: speculation off
     kv_transfer: dict | None = None  # KVTransferStats.to_dict(); None: no connector
+    # tokens routed to each expert since start, [MoE layer][expert]; None: a dense model
+    expert_load: list | None = None

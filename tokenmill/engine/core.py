@@ -419,6 +419,10 @@ class EngineCore:
             stats.kv_tiers = self.kv_manager.store.stats()
         if self.kv_connector is not None:
             stats.kv_transfer = self.kv_connector.stats.to_dict()
+        load = getattr(self.model, "expert_load", None)
+        if load is not None:  # a MoE model: tokens per expert for /metrics
+            counts = load()
+            stats.expert_load = counts.tolist() if counts is not None else None
         return stats
 
     def speculative_info(self) -> dict | None:

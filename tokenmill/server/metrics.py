@@ -72,6 +72,18 @@ class ServerMetrics:
         self._request_metrics(r, labels)
         self._spec_metrics(r, labels)
         self._tier_metrics(r, labels)
+        self.expert_tokens = Counter(
+            "tokenmill:moe_expert_tokens",
+            "Tokens routed to each expert of a mixture-of-experts layer",
+            [*labels, "layer", "expert"],
+            registry=r,
+        )
+        self.expert_imbalance = Gauge(
+            "tokenmill:moe_expert_load_imbalance",
+            "Busiest expert's tokens over the mean of its MoE layer since start (1 = even)",
+            [*labels, "layer"],
+            registry=r,
+        )
         self.weights_kld = Gauge(
             "tokenmill:weights_kld",
             "Mean KL divergence of the served weights from float32 (measured at load by "
@@ -304,7 +316,22 @@ class ServerMetrics:
             if self.kv_transfer is None:
                 self.kv_transfer = KVTransferMetrics(self.registry, m)
             self.kv_transfer.update(stats.kv_transfer, self._last.kv_transfer)
+        if stats.expert_load is not None:
+            self._on_expert_load(stats.expert_load, self._last.expert_load)
         self._last = stats
+
+    def _on_expert_load(self, load: list, before: list | None) -> None:
+        """Tokens per expert (a counter per layer and expert) and each MoE layer's imbalance:
+        its busiest expert's tokens over the mean (1.0 = even)."""
+        m = self.model
+        for layer, counts in enumerate(load):
+            then = before[layer] if before else [0] * len(counts)
+            for expert, (now, old) in enumerate(zip(counts, then, strict=True)):
+                if now > old:
+                    self.expert_tokens.labels(m, str(layer), str(expert)).inc(now - old)
+            total = sum(counts)
+            if total:
+                self.expert_imbalance.labels(m, str(layer)).set(max(counts) * len(counts) / total)
 
     def _on_spec_stats(self, spec: SpecDecodeStats) -> None:
         m, before = self.model, self._last.spec_decode or SpecDecodeStats()
