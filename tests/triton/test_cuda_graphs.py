@@ -56,7 +56,7 @@ def test_static_forward_equals_the_eager_forward(tiny_llama_dir, rows):
     """The rows of a padded batch get the eager step's hidden states, and the KV slots they
     write are the eager step's (padding writes none)."""
     llm = LLM(str(tiny_llama_dir), device=DEVICE, attention_backend="triton",
-              weights="float32", kv_cache_memory_gib=0.02, max_num_seqs=8)  # fmt: skip
+              weights="float32", num_kv_blocks=128, max_num_seqs=8)  # fmt: skip
     core = llm.engine.core
     runner, model = core.runner, core.model
     for kv in runner.kv_caches:
