@@ -198,3 +198,24 @@ def test_sampler_on_the_device_draws_what_it_draws_on_the_cpu():
     assert torch.equal(cpu_tokens, dev_tokens)
     assert torch.allclose(cpu_lp, dev_lp, atol=1e-5)
     assert cpu_tokens[2].item() == 5  # the +100 bias wins
+
+
+def test_tiers_and_transfers_read_and_write_device_blocks(tiny):
+    """The host/disk tiers and the P/D transfer move device blocks through host memory: a
+    block read out and written into another slot comes back equal."""
+    from tokenmill.kv.connector.carriers import read_chunk_shm, read_chunk_tcp, unlink_segment
+
+    llm = LLM(str(tiny[1]), device=DEVICE, num_kv_blocks=16)
+    runner = llm.engine.core.runner
+    for kv in runner.kv_caches:
+        kv.normal_()
+    block = runner.read_block(3)
+    assert block.device.type == "cpu"
+    runner.write_block(9, block)
+    assert all(torch.equal(kv[:, 9], kv[:, 3]) for kv in runner.kv_caches)
+    slices, sums = read_chunk_tcp(runner.kv_caches, [1, 2])
+    assert all(s.device.type == "cpu" for s in slices) and len(sums) == len(slices)
+    for s, kv in zip(slices, runner.kv_caches, strict=True):
+        assert torch.equal(s.to(DEVICE), kv[:, [1, 2]])
+    name, _ = read_chunk_shm(runner.kv_caches, [4, 5])
+    unlink_segment(name)

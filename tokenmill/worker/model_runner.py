@@ -63,8 +63,9 @@ class ModelRunner:
         self.lora: LoRAModel | None = None  # the served LoRA adapters (--lora)
 
     def read_block(self, block_id: int) -> torch.Tensor:
-        """One block's K and V for every layer: [num_layers, 2, block_numel] (a copy)."""
-        return torch.stack([kv[:, block_id] for kv in self.kv_caches])
+        """One block's K and V for every layer: [num_layers, 2, block_numel], a copy in host
+        memory (the lower tiers keep it there)."""
+        return torch.stack([kv[:, block_id] for kv in self.kv_caches]).to("cpu")
 
     def write_block(self, block_id: int, data: torch.Tensor) -> None:
         for layer, kv in enumerate(self.kv_caches):
@@ -87,10 +88,10 @@ class ModelRunner:
             if j - i == 1:
                 self.write_block(block_id, data)
             else:
-                ids = torch.tensor([b for b, _ in writes[i:j]], dtype=torch.long)
+                ids = torch.tensor([b for b, _ in writes[i:j]], device=self.device)
                 first = data.j
                 for kv, src in zip(self.kv_caches, layers, strict=True):
-                    kv.index_copy_(1, ids, src[:, first : first + j - i])
+                    kv.index_copy_(1, ids, src[:, first : first + j - i].to(self.device))
             i = j
 
     @torch.inference_mode()

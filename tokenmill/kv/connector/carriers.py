@@ -47,15 +47,16 @@ def dtype_name(dtype: torch.dtype) -> str:
 def read_chunk_tcp(
     kv_caches: list[torch.Tensor], block_ids: list[int]
 ) -> tuple[list[torch.Tensor], list[int]]:
-    """Layer slices as new contiguous tensors (ZMQ sends them as they are), and their checksums."""
-    ids = torch.tensor(block_ids, dtype=torch.long)
-    slices = [kv.index_select(1, ids) for kv in kv_caches]
+    """Layer slices as new contiguous tensors in host memory (ZMQ sends them as they are),
+    and their checksums."""
+    ids = torch.tensor(block_ids, device=kv_caches[0].device)
+    slices = [kv.index_select(1, ids).to("cpu") for kv in kv_caches]
     return slices, [checksum(_bytes_view(s)) for s in slices]
 
 
 def read_chunk_shm(kv_caches: list[torch.Tensor], block_ids: list[int]) -> tuple[str, list[int]]:
     """Layer slices written end to end into a new shared-memory segment: (its name, checksums)."""
-    ids = torch.tensor(block_ids, dtype=torch.long)
+    ids = torch.tensor(block_ids, device=kv_caches[0].device)
     first = kv_caches[0]
     per_layer = 2 * len(block_ids) * first.shape[2] * first.element_size()
     name = _SHM_PREFIX + secrets.token_hex(12)
@@ -69,7 +70,10 @@ def read_chunk_shm(kv_caches: list[torch.Tensor], block_ids: list[int]) -> tuple
             step = per_layer // first.element_size()
             for layer, kv in enumerate(kv_caches):
                 out = flat[layer * step : (layer + 1) * step].view(2, len(block_ids), -1)
-                torch.index_select(kv, 1, ids, out=out)
+                if kv.device.type == "cpu":
+                    torch.index_select(kv, 1, ids, out=out)
+                else:  # GPU blocks: gathered there, copied down once
+                    out.copy_(kv.index_select(1, ids))
                 sums.append(checksum(memoryview(mem)[layer * per_layer : (layer + 1) * per_layer]))
             del flat, out
     except BaseException:
