@@ -109,7 +109,7 @@ def bench_transformers(config: Path, device: str, cases: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--probe", type=Path, help="probe.py's JSON (the copy bandwidth)")

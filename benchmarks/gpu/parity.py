@@ -79,7 +79,7 @@ def run_shape(name: str, model, folder: Path, device: str, prompt: list[int]) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--out", default=None)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--small", action="store_true", help="small hidden sizes (smoke run)")

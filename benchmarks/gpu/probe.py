@@ -26,7 +26,7 @@ def _median_ms(fn, reps: int = 20) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)

@@ -83,7 +83,7 @@ def test_serve_refuses_the_abbreviation_the_user_typed(typed, capsys):
 
 
 def test_every_benchmark_script_refuses_abbreviations():
-    for script in sorted((REPO / "benchmarks").glob("*.py")):
+    for script in sorted((REPO / "benchmarks").rglob("*.py")):
         for node in ast.walk(ast.parse(script.read_text())):
             if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("ArgumentParser"):
                 keywords = {k.arg: ast.unparse(k.value) for k in node.keywords}
