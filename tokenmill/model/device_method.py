@@ -61,9 +61,10 @@ class Fp8Linear:
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         q, scale = quantize_fp8_rows(x)
         y = torch._scaled_mm(
-            q, self.weight_t, scale_a=scale, scale_b=self.scale_t, bias=self.bias,
-            out_dtype=self.dtype,
-        )  # fmt: skip
+            q, self.weight_t, scale_a=scale, scale_b=self.scale_t, out_dtype=self.dtype
+        )
+        if self.bias is not None:  # added apart: row-wise scaling takes no bias on every build
+            y += self.bias
         return y if residual is None else residual.add_(y)
 
 
