@@ -110,3 +110,30 @@ def test_moe_native_low_bit_experts(tmp_path, qtype):
     got = native.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     want = reference.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen3_moe", "gpt_oss"])
+def test_speculation_and_structured_output_run_the_families(tmp_path, family):
+    """n-gram speculation gives the tokens of plain decoding, and a regex constraint holds,
+    on the families' own layers (sliding windows, sinks, experts)."""
+    import re
+
+    model = make_family_model(family)
+    path = save_hf_folder(model, tmp_path / family)
+    prompt = [5, 17, 923, 4411, 88, 301, 12, 7] * 4  # repeats: the n-gram lookup drafts
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    plain = LLM(str(path), kv_cache_memory_gib=0.05)
+    want = plain.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
+    spec = LLM(str(path), kv_cache_memory_gib=0.05, speculative="ngram",
+               num_speculative_tokens=3, speculative_draft_policy="fixed")  # fmt: skip
+    got = spec.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
+    assert got == want
+    from tokenmill.sampling_params import StructuredOutputsParams
+
+    constrained = SamplingParams(
+        temperature=0,
+        max_tokens=20,
+        structured_outputs=StructuredOutputsParams(regex="[0-9]{3}-[a-z]{2}"),
+    )
+    text = plain.generate([{"prompt_token_ids": prompt}], constrained)[0].outputs[0].text
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", text), text
