@@ -137,3 +137,74 @@ def test_template_renders_as_transformers(qwen3_folder, thinking):
         messages, True, TOOLS, variables
     )
     assert ours == hf
+
+
+# ------------------------------------------------------------------ GPT-OSS (harmony)
+
+# the harmony layout of GPT-OSS's template, reduced to what the parser needs to see
+HARMONY_TEMPLATE = (
+    "<|start|>system<|message|>Reasoning: medium\n\n# Valid channels: analysis, commentary, "
+    "final.<|end|>{% for m in messages %}<|start|>{{ m.role }}"
+    "{% if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}"
+    "<|end|>{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
+HARMONY_CALL = (
+    "<|channel|>analysis<|message|>Needs the weather tool.<|end|><|start|>assistant"
+    '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": '
+    '"Paris"}<|call|>'
+)
+HARMONY_ANSWER = (
+    "<|channel|>analysis<|message|>Say hi.<|end|><|start|>assistant<|channel|>final"
+    "<|message|>Hi there.<|return|>"
+)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_client(tmp_path_factory):
+    from openai import OpenAI
+
+    folder = save_hf_folder(make_family_model("gpt_oss"), tmp_path_factory.mktemp("m") / "gpt-oss")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = HARMONY_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    srv = start_server(tmp_path_factory.mktemp("gpt-oss-server"), "--model", str(folder))
+    yield OpenAI(base_url=srv.v1, api_key="unused", max_retries=0, timeout=120)
+    srv.stop()
+
+
+def _ask_harmony(client, text: str, stream: bool):
+    return client.chat.completions.create(
+        model="gpt-oss",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=TOOLS,
+        max_tokens=200,
+        temperature=0,
+        stream=stream,
+        extra_body={"guided_regex": _regex(text)},
+    )
+
+
+def test_harmony_tool_call_and_answer_whole(gpt_oss_client):
+    message = _ask_harmony(gpt_oss_client, HARMONY_CALL, False).choices[0].message
+    assert message.reasoning_content == "Needs the weather tool."
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    message = _ask_harmony(gpt_oss_client, HARMONY_ANSWER, False).choices[0].message
+    assert (message.reasoning_content, message.content) == ("Say hi.", "Hi there.")
+    assert not message.tool_calls
+
+
+def test_harmony_streamed(gpt_oss_client):
+    reasoning, args, names = "", "", []
+    for chunk in _ask_harmony(gpt_oss_client, HARMONY_CALL, True):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        reasoning += getattr(delta, "reasoning_content", None) or ""
+        assert not delta.content
+        for call in delta.tool_calls or []:
+            names += [call.function.name] if call.function.name else []
+            args += call.function.arguments or ""
+    assert reasoning == "Needs the weather tool."
+    assert names == ["get_weather"] and json.loads(args) == {"city": "Paris"}

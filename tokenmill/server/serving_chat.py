@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,7 +29,9 @@ from tokenmill.server.state import (
     stream_chunk,
     usage_options,
 )
+from tokenmill.structured.harmony import HarmonyParser, ReasoningText, parse_harmony
 from tokenmill.structured.reasoning import (
+    HARMONY,
     ReasoningParser,
     prompt_opens_thinking,
     resolve_reasoning_parser,
@@ -36,6 +39,7 @@ from tokenmill.structured.reasoning import (
 )
 from tokenmill.structured.tools import (
     ContentDelta,
+    ParseResult,
     ToolCallArgumentsDelta,
     ToolCallParser,
     ToolCallStart,
@@ -80,6 +84,11 @@ async def create_chat_completion(
     prompt, prompt_ids = await render_prompt(state, req)
     constraint = await build_constraint(state.get_grammar_compiler, req, forced)
     params = sampling_params(state, req, len(prompt_ids), constraint)
+    reasoning = resolve_reasoning_parser(
+        state.settings.reasoning_parser, engine.chat_template.source
+    )
+    if reasoning == HARMONY and params.skip_special_tokens:  # its markers are special tokens
+        params = dataclasses.replace(params, skip_special_tokens=False)
     completion_id = new_id(co.CHAT_ID_PREFIX)
     record = AccessRecord(request_id, completion_id, "chat", len(prompt_ids))
     stream = await submit(
@@ -101,9 +110,7 @@ async def create_chat_completion(
     chat = _ChatOutput(
         state, req, completion_id, model, request_tools(req) is not None, params.logprobs
     )
-    chat.reasoning = resolve_reasoning_parser(
-        state.settings.reasoning_parser, engine.chat_template.source
-    )
+    chat.reasoning = reasoning
     chat.opens_thinking = prompt_opens_thinking(prompt)
     if req.stream:
         return event_stream(chat.stream(stream, record), request_id)
@@ -150,18 +157,24 @@ class _ChatOutput:
         completion_tokens = 0
         for c in final.outputs:
             completion_tokens += len(c.token_ids)
-            text, reasoning = c.text, None
-            if self.reasoning is not None:
+            text, reasoning, harmony = c.text, None, None
+            if self.reasoning == HARMONY:
+                harmony = parse_harmony(c.text)
+                reasoning, text = harmony.reasoning, harmony.content
+            elif self.reasoning is not None:
                 reasoning, text = split_reasoning(c.text, self.opens_thinking)
             message = co.assistant_message(text)
             if self.reasoning is not None:
                 message[co.REASONING_CONTENT] = reasoning
             calls = []
             if self.parse_tools:
-                parser = ToolCallParser()
-                parser.feed(text)
-                parser.finish()
-                parsed = parser.result()
+                if harmony is not None:
+                    parsed = ParseResult(harmony.content, harmony.tool_calls)
+                else:
+                    parser = ToolCallParser()
+                    parser.feed(text)
+                    parser.finish()
+                    parsed = parser.result()
                 # a call cut off or malformed is never returned as a call
                 calls = [tc for tc in parsed.tool_calls if tc.valid]
                 calls = calls if self.parallel else calls[:1]
@@ -183,6 +196,11 @@ class _ChatOutput:
 
     # ------------------------------------------------------------ streaming
 
+    def _reasoning_parser(self) -> ReasoningParser | HarmonyParser | None:
+        if self.reasoning == HARMONY:
+            return HarmonyParser()
+        return ReasoningParser(self.opens_thinking) if self.reasoning is not None else None
+
     async def stream(self, outputs: OutputStream, record: AccessRecord) -> AsyncIterator[str]:
         req = self.req
         include_usage, continuous = usage_options(req)
@@ -190,10 +208,7 @@ class _ChatOutput:
         tokens = [0] * n
         sent_role = [False] * n
         parsers = [ToolCallParser() if self.parse_tools else None for _ in range(n)]
-        thoughts = [
-            ReasoningParser(self.opens_thinking) if self.reasoning is not None else None
-            for _ in range(n)
-        ]
+        thoughts = [self._reasoning_parser() for _ in range(n)]
         call_ids: list[dict[int, str]] = [{} for _ in range(n)]
         # content that is only whitespace so far: held until text follows, dropped if calls do
         held: list[str | None] = [""] * n  # None once text was sent
@@ -213,7 +228,14 @@ class _ChatOutput:
             """Text -> OpenAI deltas (reasoning, content and tool-call pieces) for one choice."""
             out: list[dict[str, Any]] = []
             thought = thoughts[index]
-            if thought is not None:
+            events = None
+            if isinstance(thought, HarmonyParser):  # reasoning, content and calls in one
+                found = thought.feed(text) + (thought.finish() if finished else [])
+                out += [co.reasoning_delta(e.text) for e in found if isinstance(e, ReasoningText)]
+                events = [e for e in found if not isinstance(e, ReasoningText)]
+                if not self.parse_tools:
+                    events = [e for e in events if isinstance(e, ContentDelta)]
+            elif thought is not None:
                 split = thought.feed(text)
                 if finished:
                     end = thought.finish()
@@ -222,10 +244,11 @@ class _ChatOutput:
                 if split.reasoning:
                     out.append(co.reasoning_delta(split.reasoning))
                 text = split.content
-            parser = parsers[index]
-            if parser is None:
-                return out + [co.content_delta(text)] if text else out
-            events = parser.feed(text) + (parser.finish() if finished else [])
+            if events is None:
+                parser = parsers[index]
+                if parser is None:
+                    return out + [co.content_delta(text)] if text else out
+                events = parser.feed(text) + (parser.finish() if finished else [])
             if not self.parallel:
                 events = [e for e in events if isinstance(e, ContentDelta) or e.index == 0]
             for ev in events:

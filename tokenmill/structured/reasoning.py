@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 THINK_START = "<think>"
 THINK_END = "</think>"
-REASONING_PARSERS = ("qwen3", "deepseek_r1")
+HARMONY = "openai_gptoss"  # GPT-OSS's harmony channels (structured/harmony.py; vLLM's name)
+REASONING_PARSERS = ("qwen3", "deepseek_r1", HARMONY)
 REASONING_PARSER_CHOICES = ("auto", "none", *REASONING_PARSERS)
 
 
@@ -96,12 +97,16 @@ def prompt_opens_thinking(prompt: str) -> bool:
 
 
 def resolve_reasoning_parser(name: str, chat_template_source: str | None) -> str | None:
-    """The parser in force for --reasoning-parser `name`: "auto" picks the think-tag parser
-    when the model's chat template speaks <think>; "none" turns it off."""
+    """The parser in force for --reasoning-parser `name`: "auto" picks the harmony parser
+    for a chat template in harmony's format (GPT-OSS), the think-tag parser for one that
+    speaks <think>; "none" turns it off."""
     if name == "none":
         return None
     if name == "auto":
-        return "qwen3" if chat_template_source and THINK_END in chat_template_source else None
+        source = chat_template_source or ""
+        if "<|channel|>" in source:
+            return HARMONY
+        return "qwen3" if THINK_END in source else None
     if name not in REASONING_PARSERS:
         raise ValueError(
             f"reasoning-parser: unknown {name!r} (one of {', '.join(REASONING_PARSER_CHOICES)})"
