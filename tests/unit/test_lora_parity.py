@@ -135,3 +135,26 @@ def test_prefix_cache_is_keyed_by_adapter(llm):
     assert same.num_cached_tokens > 0
     assert other.num_cached_tokens == 0 and base.num_cached_tokens == 0
     llm.engine.core.check_invariants()
+
+
+@pytest.mark.parametrize("form", ["per-adapter matmuls", "per-request loop"])
+def test_every_form_of_the_deltas_gives_the_same(llm, monkeypatch, form):
+    """The padded segment form (the default here), one matmul pair per adapter's rows, and
+    the naive loop over requests: the same logprobs."""
+    from tokenmill.model import lora_layers
+
+    tok = llm.get_tokenizer()
+    names = [a[0] for a in ADAPTERS] * 3 + [None]
+    prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(len(names))]
+    params = SamplingParams(max_tokens=4, temperature=0.0, logprobs=3, prompt_logprobs=2)
+    padded = llm.generate(prompts, params, lora_name=names)
+    lora = llm.engine.core.runner.lora
+    if form == "per-request loop":
+        monkeypatch.setattr(lora, "mode", "per_request")
+    else:
+        monkeypatch.setattr(lora_layers, "PAD_LIMIT", 0)
+    other = llm.generate(prompts, params, lora_name=names)
+    for a, b in zip(padded, other, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for pa, pb in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
+            assert all(abs(pa[t].logprob - pb[t].logprob) < TOL for t in pa)

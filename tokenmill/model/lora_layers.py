@@ -1,17 +1,15 @@
 """Multi-LoRA on a running model: requests with different adapters (and none) share one
 flat batch. Each linear layer runs its base weights (float or packed) for every row, then
-adds the deltas of the step's adapters with batched matmuls over row groups:
-
-- few rows (decode-heavy steps): one shrink and one expand GEMM over the stacked adapters
-  of the step, each row keeping only its own adapter's columns (a 0/1 mask): two calls per
-  layer whatever the number of adapters (S-LoRA's batched form);
-- many rows (prefill): one shrink/expand pair per adapter over that adapter's rows (the
-  segment-grouped form of Punica's SGMV), so no row pays for another adapter's rank.
+adds the deltas of the step's adapters with segment-grouped matmuls (Punica's SGMV, S-LoRA's
+batched form): the rows of each adapter are gathered into one group, the groups padded to
+the largest and run as one batched shrink (x·Aᵀ) and one batched expand (·Bᵀ) over the
+step's adapters, then added back to their rows: five calls per layer whatever the number of
+adapters or requests. Where padding would more than double the work (one adapter's long
+prompt beside a few decodes) each adapter's rows get their own matmul pair instead.
 
 Weights are never merged; the base layers stay as built (packed blocks included). Each
-adapter is packed per fused layer (q/k/v and gate/up share an input): A stacked
-[R, in], B block-diagonal [out, R], every group padded to the adapter's widest layer so a
-step's column layout is the same in every layer."""
+adapter is packed per fused layer (q/k/v and gate/up share an input): A stacked [R, in],
+B block-diagonal [out, R], every group padded to the adapter's widest layer."""
 
 from __future__ import annotations
 
@@ -29,9 +27,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "gate_up_proj": ("gate_proj", "up_proj"),
     "down_proj": ("down_proj",),
 }
-# steps with at most this many rows x adapters run the stacked form
-STACKED_MAX_WORK = 512
-_STACK_CACHE = 8  # stacked weights kept for this many sets of adapters
+# the padded form runs while the adapters' row groups, padded to the largest, hold at most
+# this many times the step's adapter rows (else one matmul pair per adapter's rows)
+PAD_LIMIT = 2
+_STACK_CACHE = 8  # batched weights kept for this many sets of adapters
 
 
 def base_shapes(cfg) -> dict[str, tuple[int, int]]:
@@ -49,6 +48,7 @@ class _PackedAdapter:
     def __init__(self, adapter: LoRAAdapter, shapes: dict[str, tuple[int, int]], layers: int):
         self.adapter = adapter
         self.ranks: dict[str, int] = {}
+        self.widths: dict[str, list[int]] = {}  # each module's columns in the group's A
         self.weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
         for group, modules in GROUPS.items():
             widths = [self._width(m, layers) for m in modules]
@@ -56,6 +56,7 @@ class _PackedAdapter:
             if total == 0:
                 continue
             self.ranks[group] = total
+            self.widths[group] = widths
             in_dim = shapes[modules[0]][0]
             out_dims = [shapes[m][1] for m in modules]
             for layer in range(layers):
@@ -80,31 +81,43 @@ class _PackedAdapter:
 class LoRAStep:
     """One step's rows by adapter, and the deltas they get."""
 
-    def __init__(self, owner: LoRAModel, rows: dict[str, list[int]], num_rows: int) -> None:
+    def __init__(
+        self,
+        owner: LoRAModel,
+        rows: dict[str, list[int]],
+        requests: list[tuple[str, int, int]],
+    ) -> None:
         self.owner = owner
         self.names = sorted(rows)
         self.rows = {n: _rows(r) for n, r in rows.items()}
-        self.stacked = num_rows * len(self.names) <= STACKED_MAX_WORK
-        self.masks: dict[str, torch.Tensor] = {}
-        if self.stacked:
-            owners = torch.full((num_rows,), -1, dtype=torch.long)
+        self.requests = requests  # (adapter, first row, rows): the per-request form only
+        counts = [len(rows[n]) for n in self.names]
+        width = max(counts)
+        # the padded form when padding the groups to the largest costs at most 2x the rows
+        self.padded = owner.mode == "batched" and len(counts) * width <= PAD_LIMIT * sum(counts)
+        if self.padded:
+            index = torch.zeros(len(counts), width, dtype=torch.long)
+            valid = torch.zeros(len(counts), width, 1)
             for i, name in enumerate(self.names):
-                owners[torch.as_tensor(rows[name])] = i
-            for group in GROUPS:
-                cols = [
-                    torch.full((owner.adapters[n].ranks.get(group, 0),), i, dtype=torch.long)
-                    for i, n in enumerate(self.names)
-                ]
-                column_owner = torch.cat(cols)
-                self.masks[group] = (owners[:, None] == column_owner[None, :]).float()
+                index[i, : counts[i]] = torch.as_tensor(rows[name])
+                valid[i, : counts[i]] = 1.0
+            self.index, self.valid = index.flatten(), valid
+            self.shape = (len(counts), width)
 
     def add_delta(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: str) -> None:
-        if self.stacked:
-            stack = self.owner.stacked(self.names, layer, group)
-            if stack is not None:
-                t = (x @ stack[0].T).mul_(self.masks[group])
-                y.addmm_(t, stack[1])
+        if self.padded:
+            weights = self.owner.segment_weights(self.names, layer, group)
+            if weights is not None:
+                a, parts = weights
+                xs = x.index_select(0, self.index).view(*self.shape, x.shape[1])
+                t = torch.bmm(xs, a).mul_(self.valid)  # padding rows add nothing
+                # q, k, v (gate, up) each its own expand: no block of zeros multiplied
+                outs = [torch.bmm(t[:, :, cols], bt) for cols, bt in parts]
+                out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+                y.index_add_(0, self.index, out.view(self.index.shape[0], -1))
             return
+        if self.owner.mode == "per_request":
+            return self._per_request(y, x, layer, group)
         for name in self.names:
             packed = self.owner.adapters[name].weights.get((layer, group))
             if packed is None:
@@ -115,6 +128,14 @@ class LoRAStep:
                 y[rows].addmm_(x[rows] @ a.T, bt)
             else:
                 y.index_add_(0, rows, (x.index_select(0, rows) @ a.T) @ bt)
+
+    def _per_request(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: str) -> None:
+        """The naive form, for comparison only (benchmarks/lora.py): each request's rows
+        with its own adapter's matmuls, one request after another."""
+        for name, start, n in self.requests:
+            packed = self.owner.adapters[name].weights.get((layer, group))
+            if packed is not None:
+                y[start : start + n].addmm_(x[start : start + n] @ packed[0].T, packed[1])
 
 
 def _rows(rows: list[int]) -> slice | torch.Tensor:
@@ -158,6 +179,9 @@ class LoRAModel:
         self.num_layers = cfg.num_hidden_layers
         self.adapters: dict[str, _PackedAdapter] = {}
         self.step: LoRAStep | None = None
+        # "batched" (segment-grouped, padded groups when balanced); "per_request": the
+        # naive loop over requests, kept as the benchmark's baseline
+        self.mode = "batched"
         self._stacks: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor] | None] = OrderedDict()
         self._next_id = 1
         for i, layer in enumerate(model.layers):
@@ -165,9 +189,22 @@ class LoRAModel:
                 setattr(layer, group, LoRALinear(getattr(layer, group), self, i, group))
         fused = getattr(model, "_fused_decoder", None)
         if fused is not None:  # the one-call decoder reads the base weights only
-            model._fused_decoder = lambda kv, attn: (
-                None if self.step is not None else fused(kv, attn)
-            )
+            model._fused_decoder = lambda kv, attn: self._base_fused(fused, kv, attn)
+
+    def _base_fused(self, fused, kv_caches, attn):
+        """The model's one-call decoder for steps without adapter rows, built over the base
+        layers (it checks and reads them; the wrappers stay out of its way)."""
+        if self.step is not None:
+            return None
+        wrapped = [(layer, group, getattr(layer, group)) for layer in self.model.layers
+                   for group in GROUPS]  # fmt: skip
+        for layer, group, linear in wrapped:
+            setattr(layer, group, linear.base)
+        try:
+            return fused(kv_caches, attn)
+        finally:
+            for layer, group, linear in wrapped:
+                setattr(layer, group, linear)
 
     def add(self, adapter: LoRAAdapter) -> None:
         check_lora(adapter, self.shapes, self.num_layers, self.max_lora_rank)
@@ -183,26 +220,57 @@ class LoRAModel:
     def begin_step(self, rows: Sequence[tuple[str | None, int, int]], num_rows: int) -> None:
         """`rows`: (adapter or None, first row, row count) of each request in the batch."""
         by_name: dict[str, list[int]] = {}
+        requests = []
         for name, start, n in rows:
             if name is not None:
                 by_name.setdefault(name, []).extend(range(start, start + n))
-        self.step = LoRAStep(self, by_name, num_rows) if by_name else None
+                requests.append((name, start, n))
+        self.step = LoRAStep(self, by_name, requests) if by_name else None
 
     def end_step(self) -> None:
         self.step = None
 
-    def stacked(self, names: list[str], layer: int, group: str):
-        """(A [sum R, in], B^T [sum R, out]) of these adapters in this layer, cached."""
+    def segment_weights(self, names: list[str], layer: int, group: str):
+        """These adapters in this layer, for the batched matmuls: A^T [S, in, R] (each
+        module's ranks padded with zeros to the set's widest) and, per module of the group,
+        (its columns of R, B^T [S, r, out]); cached per set of adapters.
+        None when none of them targets this layer."""
         key = (tuple(names), layer, group)
         if key in self._stacks:
             self._stacks.move_to_end(key)
             return self._stacks[key]
-        parts = [self.adapters[n].weights.get((layer, group)) for n in names]
-        parts = [p for p in parts if p is not None]
-        stack = (
-            (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])) if parts else None
-        )
+        packed = [self.adapters[n] for n in names]
+        modules = GROUPS[group]
+        widths = [max((p.widths.get(group, [0] * len(modules))[j] for p in packed), default=0)
+                  for j in range(len(modules))]  # fmt: skip
+        stack = None
+        if sum(widths):
+            stack = self._stack(packed, layer, group, widths)
         self._stacks[key] = stack
         if len(self._stacks) > _STACK_CACHE * self.num_layers * len(GROUPS):
             self._stacks.popitem(last=False)
         return stack
+
+    def _stack(self, packed: list[_PackedAdapter], layer: int, group: str, widths: list[int]):
+        """Every module of the group gets an expand (zeros where the set has no rank for
+        it), so the expands' outputs side by side are the layer's whole output."""
+        modules = GROUPS[group]
+        in_dim = self.shapes[modules[0]][0]
+        widths = [max(w, 1) for w in widths]  # a zero-width module: one column of zeros
+        a = torch.zeros(len(packed), in_dim, sum(widths))
+        parts = []
+        col = row = 0
+        for j, module in enumerate(modules):
+            out = self.shapes[module][1]
+            bt = torch.zeros(len(packed), widths[j], out)
+            for i, p in enumerate(packed):
+                if (layer, group) not in p.weights:
+                    continue
+                src_a, src_bt = p.weights[(layer, group)]
+                own = p.widths[group]
+                start = sum(own[:j])
+                a[i, :, col : col + own[j]] = src_a[start : start + own[j]].T
+                bt[i, : own[j]] = src_bt[start : start + own[j], row : row + out]
+            parts.append((slice(col, col + widths[j]), bt))
+            col, row = col + widths[j], row + out
+        return a, parts
