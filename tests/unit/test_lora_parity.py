@@ -158,3 +158,36 @@ def test_every_form_of_the_deltas_gives_the_same(llm, monkeypatch, form):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         for pa, pb in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
             assert all(abs(pa[t].logprob - pb[t].logprob) < TOL for t in pa)
+
+
+def test_deltas_beside_packed_native_weights(tiny_llama_dir, adapters, tmp_path):
+    """On a Q8_0 base run packed by the native method (float kernels: int_dot off), the
+    adapters equal PEFT over the same Q8_0 weights dequantized: the deltas run beside the
+    packed blocks, which stay as they are."""
+    import transformers
+
+    from tests.tiny_models import save_hf_folder
+    from tokenmill.model.packed import PackedWeight, as_float
+    from tokenmill.quant.groups import linear_groups
+    from tokenmill.quant.weights import convert
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama_dir).float()
+    state = hf.state_dict()
+    with torch.no_grad():
+        for name in linear_groups(state, hf.config.tie_word_embeddings):
+            packed = convert(state[name], "q8_0", "native")
+            assert isinstance(packed, PackedWeight)
+            state[name].copy_(as_float(packed).view_as(state[name]))
+    dequantized = save_hf_folder(hf, tmp_path / "q8-dequantized")
+    llm = LLM(
+        str(tiny_llama_dir), weights="q8_0", int_dot=False, kv_cache_memory_gib=0.05,
+        lora_modules=tuple(f"{n}={p}" for n, p in adapters.items()), max_lora_rank=16,
+    )  # fmt: skip
+    assert llm.engine.core.config.model_config.plan.method == "native"
+    layer = llm.engine.core.model.layers[0]
+    assert type(layer.qkv_proj.base).__name__ == "PackedLinear"  # wrapped, never merged
+    names = [a[0] for a in ADAPTERS] + [None]
+    ids, outs = _run(llm, names)
+    for name, prompt_ids, out in zip(names, ids, outs, strict=True):
+        ref = _reference(dequantized, adapters[name] if name else None, prompt_ids)
+        _check(out, ref, prompt_ids)
