@@ -54,6 +54,7 @@ class Request:
         self.priority = priority
         self.cache_salt = cache_salt
         self.lora_name = lora_name  # the LoRA adapter it runs with (None: the base model)
+        self.lora_id: int | None = None  # the adapter's number in KV events (vLLM's lora_id)
         # a pooling (embedding) request: its prompt runs once, pooled instead of sampled
         self.pooling_params = pooling_params
         self.pooled_parts: dict[int, torch.Tensor] = {}  # chunk start -> pooled sum (MEAN)

@@ -350,6 +350,8 @@ class EngineCore:
             pooling_params=pooling,
             lora_name=req.lora_name,
         )
+        if self.lora is not None and req.lora_name is not None:
+            request.lora_id = self.lora.lora_id(req.lora_name)  # KV events carry it
         params = req.sampling_params
         self.structured.init_request(request, params)
         repetition = params.repetition_detection

@@ -65,6 +65,9 @@ class LoRAManager:
         if name is not None and name not in self.model.adapters:
             raise ValueError(f"model: no LoRA adapter named {name!r} is loaded")
 
+    def lora_id(self, name: str) -> int:
+        return self.model.adapters[name].adapter.lora_id
+
     def info(self, name: str) -> dict:
         adapter = self.model.adapters[name].adapter
         return {

@@ -50,7 +50,12 @@ class KVEventCollector:
         self.pending: list[list[Any]] = []
 
     def block_stored(
-        self, medium: str, hashes: list[BlockHash], parent: BlockHash | None, token_ids: list[int]
+        self,
+        medium: str,
+        hashes: list[BlockHash],
+        parent: BlockHash | None,
+        token_ids: list[int],
+        lora_id: int | None = None,
     ) -> None:
         self.pending.append(
             [
@@ -59,7 +64,7 @@ class KVEventCollector:
                 external_hash(parent) if parent is not None else None,
                 list(token_ids),
                 self.block_size,
-                None,
+                lora_id,  # the adapter whose KV it is (its hash covers the adapter too)
                 medium,
             ]
         )

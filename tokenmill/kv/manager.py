@@ -33,7 +33,12 @@ class BlockIO(Protocol):
 
 class KVEventSink(Protocol):
     def block_stored(
-        self, medium: str, hashes: list[BlockHash], parent: BlockHash | None, token_ids: list[int]
+        self,
+        medium: str,
+        hashes: list[BlockHash],
+        parent: BlockHash | None,
+        token_ids: list[int],
+        lora_id: int | None = None,
     ) -> None: ...
     def block_removed(self, medium: str, hashes: list[BlockHash]) -> None: ...
     def all_cleared(self) -> None: ...
@@ -210,7 +215,9 @@ class KVCacheManager:
                 first * self.block_size : (stored[-1] + 1) * self.block_size
             ]
             parent = hashes[first - 1] if first > 0 else None
-            self.events.block_stored(MEDIUM_DEVICE, [hashes[i] for i in stored], parent, token_ids)
+            self.events.block_stored(
+                MEDIUM_DEVICE, [hashes[i] for i in stored], parent, token_ids, request.lora_id
+            )
 
     def trim(self, request: Request) -> None:
         """Frees the blocks past the request's computed tokens (after rejected drafts).

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from tokenmill.router.admission import Admission
 from tokenmill.router.client_requests import parse_json, read_body, unless_client_leaves
 from tokenmill.router.health import check_replica, health_loop
-from tokenmill.router.prompts import PromptHasher, RequestKey
+from tokenmill.router.prompts import PromptHasher, RequestKey, served_adapters
 from tokenmill.router.proxy import Proxy, return_headers, upstream_headers
 from tokenmill.router.router import Router
 from tokenmill.router.workers import CPUWorkers
@@ -123,7 +123,9 @@ class RouterFront:
         """Renders, tokenizes and hashes the prompt (CPU work: run off the event loop).
         Without a key the request is still routed, by load."""
         try:
-            key = self.hasher.key(endpoint, data, session)
+            key = self.hasher.key(
+                endpoint, data, session, served_adapters(self.router.replicas.values())
+            )
         except ValueError:
             return None  # invalid: a replica answers with the precise 4xx
         except Exception:

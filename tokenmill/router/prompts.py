@@ -5,6 +5,7 @@ size the replicas use."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,15 +27,30 @@ class RequestKey:
     num_seqs: int = 1
     cache_salt: str | None = None
     session: str | None = None
+    lora_name: str | None = None  # the LoRA adapter the request's `model` names
     _hashes: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     def hashes(self, block_size: int) -> tuple[int, ...]:
         """The 64-bit event hashes of the prompt's full blocks."""
         cached = self._hashes.get(block_size)
         if cached is None:
-            full = block_hashes(self.token_ids, block_size, self.cache_salt)
+            full = block_hashes(
+                self.token_ids, block_size, self.cache_salt, lora_name=self.lora_name
+            )
             cached = self._hashes[block_size] = tuple(external_hash(h) for h in full)
         return cached
+
+
+def served_adapters(replicas: Iterable[Any]) -> set[str]:
+    """The LoRA adapters the replicas serve, as their /server_info lists them (health
+    checks read it)."""
+    names: set[str] = set()
+    for replica in replicas:
+        info = replica.info if isinstance(replica.info, dict) else {}
+        listed = info.get("lora_adapters")
+        if isinstance(listed, list):
+            names.update(n for n in listed if isinstance(n, str))
+    return names
 
 
 class PromptHasher:
@@ -51,14 +67,26 @@ class PromptHasher:
         files = read_model_info(model)
         return cls(files.tokenizer, files.chat_template)
 
-    def key(self, endpoint: str, body: dict[str, Any], session: str | None = None) -> RequestKey:
-        """Raises ValueError when the body is not a valid request (a replica will say why)."""
+    def key(
+        self,
+        endpoint: str,
+        body: dict[str, Any],
+        session: str | None = None,
+        adapters: frozenset[str] | set[str] = frozenset(),
+    ) -> RequestKey:
+        """Raises ValueError when the body is not a valid request (a replica will say why).
+        `adapters`: the replicas' LoRA adapter names; a `model` among them keys the blocks
+        by adapter, as the engine does."""
         try:
             if endpoint == "chat":
-                return self._chat(body, session)
-            return self._completion(body, session)
+                key = self._chat(body, session)
+            else:
+                key = self._completion(body, session)
         except (ValidationError, APIError) as e:
             raise ValueError(str(e)) from e
+        model = body.get("model")
+        key.lora_name = model if isinstance(model, str) and model in adapters else None
+        return key
 
     def _chat(self, body: dict[str, Any], session: str | None) -> RequestKey:
         req = ChatCompletionRequest.model_validate(body)

@@ -12,6 +12,7 @@ from tokenmill.openai.protocol import KVDigestsRequest
 from tokenmill.server.body import parse_body
 from tokenmill.server.effective_config import effective_config
 from tokenmill.server.errors import APIError, bad_request
+from tokenmill.server.lora import adapters as lora_adapters
 from tokenmill.server.state import ServerState, engine_error, server_state
 
 router = APIRouter()
@@ -56,6 +57,7 @@ async def server_info(request: Request):
         "engine": engine.engine_info,
         "speculative": engine.engine_info.get("speculative"),
         "in_flight": engine.num_in_flight,
+        "lora_adapters": list(lora_adapters(engine)),  # routers key prompts by adapter
         "max_in_flight": engine.max_in_flight,
         # every setting in force (serve --config FILE included), defaults too
         "config": effective_config(getattr(engine, "config", None), state.settings),
