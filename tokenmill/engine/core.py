@@ -146,6 +146,7 @@ class EngineCore:
             store=store,
             block_io=self.runner,
             events=self.events,
+            sliding_window=arch.kv_sliding_window,
         )
         self.drafter = self._build_drafter(config.speculative_config)
         self.runner.keep_features = self.drafter is not None and self.drafter.needs_features

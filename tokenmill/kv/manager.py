@@ -17,6 +17,9 @@ from tokenmill.request import Request
 logger = logging.getLogger(__name__)
 
 MEDIUM_REMOTE = "remote"  # blocks pulled from a prefill worker (kv/connector)
+# stands in a request's block table for a block freed out of the sliding window (never in
+# the pool: nothing counts or frees it)
+NULL_BLOCK = KVCacheBlock(block_id=0)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -79,8 +82,12 @@ class KVCacheManager:
         store: TieredStore | None = None,
         block_io: BlockIO | None = None,
         events: KVEventSink | None = None,
+        sliding_window: int | None = None,
     ) -> None:
+        """`sliding_window`: the window every layer of the model attends through (None when
+        any layer attends to everything): blocks that fall out of it are freed."""
         self.block_size = block_size
+        self.sliding_window = sliding_window
         self.enable_caching = enable_caching
         self.store = store if enable_caching else None
         self.block_io = block_io
@@ -100,6 +107,8 @@ class KVCacheManager:
         return self.pool.usage()
 
     def get_block_ids(self, request_id: str) -> list[int]:
+        """Block ids of the request's table; a block freed out of the sliding window reads as
+        block 0 (its keys are masked, any block will do)."""
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
     # ------------------------------------------------------------ prefix hits
@@ -166,6 +175,8 @@ class KVCacheManager:
         """Make room for `num_new_tokens` more tokens (after the computed prefix, if given).
         False, with nothing changed, when the pool is short."""
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        if self.sliding_window is not None:
+            self._free_outside_window(request, blocks)
         shared = computed.device if computed else []
         loaded = computed.loaded if computed else []
         total_blocks = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
@@ -206,7 +217,7 @@ class KVCacheManager:
         hashes = self._hashes(request)
         stored = []
         for i in range(start, end):
-            if self.pool.cache_block(blocks[i], hashes[i]):
+            if blocks[i] is not NULL_BLOCK and self.pool.cache_block(blocks[i], hashes[i]):
                 stored.append(i)
         self.num_cached_blocks[rid] = end
         if stored and self.events:
@@ -218,6 +229,18 @@ class KVCacheManager:
             self.events.block_stored(
                 MEDIUM_DEVICE, [hashes[i] for i in stored], parent, token_ids, request.lora_id
             )
+
+    def _free_outside_window(self, request: Request, blocks: list[KVCacheBlock]) -> None:
+        """Gives back the blocks whose every token is out of the window of the next query
+        (position num_computed_tokens attends to the `sliding_window` positions up to it),
+        in the table's place a stand-in (vLLM's null block). Full blocks were cached first."""
+        first_needed = max(0, request.num_computed_tokens - self.sliding_window + 1)
+        out = [i for i in range(min(first_needed // self.block_size, len(blocks)))
+               if blocks[i] is not NULL_BLOCK]  # fmt: skip
+        if out:
+            self.pool.free([blocks[i] for i in reversed(out)])
+            for i in out:
+                blocks[i] = NULL_BLOCK
 
     def trim(self, request: Request) -> None:
         """Frees the blocks past the request's computed tokens (after rejected drafts).
@@ -235,7 +258,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
         # Tail first: when cached blocks are evicted later, a prefix's end goes before its start.
-        self.pool.free(list(reversed(blocks)))
+        self.pool.free([b for b in reversed(blocks) if b is not NULL_BLOCK])
 
     def _on_evict(self, block: KVCacheBlock) -> None:
         """A cached device block is about to be overwritten: move it down a tier."""
@@ -257,6 +280,6 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """free + used = total; requests hold exactly the referenced blocks; cache map consistent."""
         self.pool.check_invariants()
-        held = sum(len(b) for b in self.req_to_blocks.values())
+        held = sum(b is not NULL_BLOCK for bs in self.req_to_blocks.values() for b in bs)
         referenced = sum(b.ref_cnt for b in self.pool.blocks)
         assert held == referenced, f"requests hold {held} block refs, pool counts {referenced}"

@@ -139,6 +139,14 @@ class ArchConfig:
             return self.sliding_window
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
 
+    @property
+    def kv_sliding_window(self) -> int | None:
+        """The window every layer attends through (blocks out of it can be freed); None
+        when some layer attends to the whole sequence."""
+        if self.layer_types is not None and "full_attention" in self.layer_types:
+            return None
+        return self.sliding_window
+
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
 
