@@ -161,3 +161,54 @@ def test_lora_name_colliding_with_the_base_fails_at_start(tiny_llama_dir, lora_s
             tmp_path, "--model", str(tiny_llama_dir), "--served-model-name", "tiny",
             "--lora", f"tiny={folders['sql']}",
         )  # fmt: skip
+
+
+def test_gateway_keys_limited_to_an_adapter(lora_server, tiny_llama_dir, tmp_path):
+    """Behind the gateway a key's `models` allowlist takes adapter names, and the ledger
+    records the adapter a request ran with."""
+    import hashlib
+    import time
+
+    import yaml
+
+    from tokenmill.gateway.store.database import open_database
+
+    _, folders = lora_server
+    admin_key = "admin-" + "k" * 40
+    config = {
+        "admin_key_sha256": hashlib.sha256(admin_key.encode()).hexdigest(),
+        "database": str(tmp_path / "gw.sqlite3"),
+        "journal": str(tmp_path / "journal"),
+        "prices": {"default": {"input": 1.0, "cached_input": 0.5, "output": 2.0}},
+    }
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    srv = start_server(
+        tmp_path, "--model", str(tiny_llama_dir), "--lora", f"sql={folders['sql']}",
+        "--gateway-config", str(path),
+    )  # fmt: skip
+    try:
+        headers = {"Authorization": f"Bearer {admin_key}"}
+        with httpx.Client(base_url=srv.base_url, headers=headers) as a:
+            key = a.post("/admin/keys", json={"models": ["sql"]}).json()
+        auth = {"Authorization": f"Bearer {key['key']}"}
+        body = {"prompt": "hello", "max_tokens": 2}
+        ok = httpx.post(f"{srv.v1}/completions", json={**body, "model": "sql"}, headers=auth)
+        assert ok.status_code == 200 and ok.json()["model"] == "sql"
+        base = httpx.post(
+            f"{srv.v1}/completions", json={**body, "model": "tiny-llama0"}, headers=auth
+        )
+        assert base.status_code == 403
+        db = open_database(str(tmp_path / "gw.sqlite3"))
+        rows: list = []
+        for _ in range(50):
+            rows = db.fetchall(
+                "SELECT model, completion_tokens FROM usage WHERE key_id = ? AND status = 200",
+                (key["id"],),
+            )
+            if rows:
+                break
+            time.sleep(0.2)
+        assert rows == [("sql", 2)]
+    finally:
+        assert srv.stop() == 0
