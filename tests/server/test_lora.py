@@ -195,9 +195,9 @@ def test_gateway_keys_limited_to_an_adapter(lora_server, tiny_llama_dir, tmp_pat
         body = {"prompt": "hello", "max_tokens": 2}
         ok = httpx.post(f"{srv.v1}/completions", json={**body, "model": "sql"}, headers=auth)
         assert ok.status_code == 200 and ok.json()["model"] == "sql"
-        base = httpx.post(
-            f"{srv.v1}/completions", json={**body, "model": "tiny-llama0"}, headers=auth
-        )
+        models = httpx.get(f"{srv.v1}/models", headers=auth).json()["data"]
+        base_name = next(m["id"] for m in models if m.get("parent") is None)
+        base = httpx.post(f"{srv.v1}/completions", json={**body, "model": base_name}, headers=auth)
         assert base.status_code == 403
         db = open_database(str(tmp_path / "gw.sqlite3"))
         rows: list = []
