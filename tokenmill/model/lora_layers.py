@@ -3,8 +3,9 @@ flat batch. Each linear layer runs its base weights (float or packed) for every 
 adds the deltas of the step's adapters with segment-grouped matmuls (Punica's SGMV, S-LoRA's
 batched form): the rows of each adapter are gathered into one group, the groups padded to
 the largest and run as one batched shrink (x·Aᵀ) and one batched expand (·Bᵀ) over the
-step's adapters, then added back to their rows: five calls per layer whatever the number of
-adapters or requests. Where padding would more than double the work (one adapter's long
+step's adapters, then added back to their rows: a handful of calls per layer (gather,
+shrink, one expand per module of the fused layer, add) whatever the number of adapters or
+requests. Where padding would more than double the work (one adapter's long
 prompt beside a few decodes) each adapter's rows get their own matmul pair instead.
 
 Weights are never merged; the base layers stay as built (packed blocks included). Each
@@ -72,6 +73,12 @@ class _PackedAdapter:
                     col, row = col + width, row + out
                 self.weights[(layer, group)] = (a, bt)
 
+    def to(self, device: torch.device, dtype: torch.dtype) -> _PackedAdapter:
+        """On the model's device, in its activations' dtype (bf16 on a GPU)."""
+        self.weights = {k: (a.to(device, dtype), bt.to(device, dtype))
+                        for k, (a, bt) in self.weights.items()}  # fmt: skip
+        return self
+
     def _width(self, module: str, layers: int) -> int:
         ranks = [self.adapter.deltas[(i, module)][0].shape[0] for i in range(layers)
                  if (i, module) in self.adapter.deltas]  # fmt: skip
@@ -89,7 +96,7 @@ class LoRAStep:
     ) -> None:
         self.owner = owner
         self.names = sorted(rows)
-        self.rows = {n: _rows(r) for n, r in rows.items()}
+        self.rows = {n: _rows(r, owner.device) for n, r in rows.items()}
         self.requests = requests  # (adapter, first row, rows): the per-request form only
         counts = [len(rows[n]) for n in self.names]
         width = max(counts)
@@ -101,7 +108,8 @@ class LoRAStep:
             for i, name in enumerate(self.names):
                 index[i, : counts[i]] = torch.as_tensor(rows[name])
                 valid[i, : counts[i]] = 1.0
-            self.index, self.valid = index.flatten(), valid
+            device, dtype = owner.device, owner.dtype
+            self.index, self.valid = index.flatten().to(device), valid.to(device, dtype)
             self.shape = (len(counts), width)
 
     def add_delta(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: str) -> None:
@@ -138,11 +146,11 @@ class LoRAStep:
                 y[start : start + n].addmm_(x[start : start + n] @ packed[0].T, packed[1])
 
 
-def _rows(rows: list[int]) -> slice | torch.Tensor:
+def _rows(rows: list[int], device: torch.device) -> slice | torch.Tensor:
     """A contiguous run as a slice (a view: no gather), else an index tensor."""
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return slice(rows[0], rows[0] + len(rows))
-    return torch.as_tensor(rows, dtype=torch.long)
+    return torch.as_tensor(rows, dtype=torch.long, device=device)
 
 
 class LoRALinear:
@@ -184,6 +192,9 @@ class LoRAModel:
         self.mode = "batched"
         self._stacks: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor] | None] = OrderedDict()
         self._next_id = 1
+        method = model.method
+        self.device = torch.device(getattr(method, "device", "cpu"))
+        self.dtype = getattr(method, "dtype", torch.float32)
         for i, layer in enumerate(model.layers):
             for group in GROUPS:
                 setattr(layer, group, LoRALinear(getattr(layer, group), self, i, group))
@@ -210,7 +221,8 @@ class LoRAModel:
         check_lora(adapter, self.shapes, self.num_layers, self.max_lora_rank)
         adapter.lora_id = self._next_id
         self._next_id += 1
-        self.adapters[adapter.name] = _PackedAdapter(adapter, self.shapes, self.num_layers)
+        packed = _PackedAdapter(adapter, self.shapes, self.num_layers)
+        self.adapters[adapter.name] = packed.to(self.device, self.dtype)
         self._stacks.clear()
 
     def remove(self, name: str) -> None:
@@ -257,12 +269,13 @@ class LoRAModel:
         modules = GROUPS[group]
         in_dim = self.shapes[modules[0]][0]
         widths = [max(w, 1) for w in widths]  # a zero-width module: one column of zeros
-        a = torch.zeros(len(packed), in_dim, sum(widths))
+        like = {"device": self.device, "dtype": self.dtype}
+        a = torch.zeros(len(packed), in_dim, sum(widths), **like)
         parts = []
         col = row = 0
         for j, module in enumerate(modules):
             out = self.shapes[module][1]
-            bt = torch.zeros(len(packed), widths[j], out)
+            bt = torch.zeros(len(packed), widths[j], out, **like)
             for i, p in enumerate(packed):
                 if (layer, group) not in p.weights:
                     continue
