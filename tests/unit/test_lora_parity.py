@@ -191,3 +191,29 @@ def test_deltas_beside_packed_native_weights(tiny_llama_dir, adapters, tmp_path)
     for name, prompt_ids, out in zip(names, ids, outs, strict=True):
         ref = _reference(dequantized, adapters[name] if name else None, prompt_ids)
         _check(out, ref, prompt_ids)
+
+
+def test_max_loras_bounds_the_adapters_a_batch_mixes(tiny_llama_dir, adapters):
+    """--max-loras 2: no step runs three adapters; every request still finishes, as alone."""
+    llm = LLM(
+        str(tiny_llama_dir), kv_cache_memory_gib=0.05, max_loras=2, max_lora_rank=16,
+        lora_modules=tuple(f"{n}={p}" for n, p in adapters.items()),
+    )  # fmt: skip
+    lora = llm.engine.core.runner.lora
+    seen: list[set] = []
+    begin = lora.begin_step
+
+    def spy(rows, num_rows):
+        seen.append({name for name, _, _ in rows if name is not None})
+        begin(rows, num_rows)
+
+    lora.begin_step = spy
+    names = [a[0] for a in ADAPTERS] * 2 + [None]
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(len(names))]
+    params = SamplingParams(max_tokens=5, temperature=0.0)
+    outs = llm.generate(prompts, params, lora_name=names)
+    assert max(len(s) for s in seen) == 2 and all(len(o.outputs[0].token_ids) == 5 for o in outs)
+    for i in (0, 1, 2):
+        (alone,) = llm.generate([prompts[i]], params, lora_name=names[i])
+        assert alone.outputs[0].token_ids == outs[i].outputs[0].token_ids
