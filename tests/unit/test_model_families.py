@@ -137,3 +137,16 @@ def test_speculation_and_structured_output_run_the_families(tmp_path, family):
     )
     text = plain.generate([{"prompt_token_ids": prompt}], constrained)[0].outputs[0].text
     assert re.fullmatch("[0-9]{3}-[a-z]{2}", text), text
+
+
+def test_weights_kld_gate_builds_the_family(tmp_path):
+    """--max-kld measures a Qwen3 GGUF's packed weights against its float32 self (the
+    reference model is built for the family, not as a Llama)."""
+    from tests.family_gguf import write_family_gguf
+
+    model = make_family_model("qwen3", intermediate_size=128)
+    path = tmp_path / "qwen3-Q8_0.gguf"
+    write_family_gguf(model, "qwen3", path, "Q8_0")
+    llm = LLM(str(path), kv_cache_memory_gib=0.05, weights="native", max_kld=1.0)
+    report = llm.engine.core.weights_kld
+    assert report is not None and 0 <= report["mean_kld"] < 1e-2

@@ -15,6 +15,7 @@ from tokenmill.model.linear import get_linear_method
 from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.loader import load_model_files
 from tokenmill.model.model_files import ModelFiles
+from tokenmill.model.models import build_model
 from tokenmill.quant.groups import linear_groups
 from tokenmill.quant.kld import (
     KLDReport,
@@ -112,7 +113,7 @@ class FidelityBench:
     def build(self, plan: QuantPlan, calibrated: Calibrated | None = None) -> LlamaForCausalLM:
         files = self.files_for(plan, calibrated)
         method = get_linear_method(plan.method)
-        model = LlamaForCausalLM(
+        model = build_model(
             files.arch, files.weights, self.chunks.ctx, method, files.rope_freq_factors
         )
         return _with_row_kernels(model, method)
@@ -138,7 +139,7 @@ class FidelityBench:
         if files.arch.vocab_size != self.float_files.arch.vocab_size:
             raise ValueError(f"{path}: not a conversion of {self.float_files.name}")
         method = get_linear_method(plan.method)
-        model = LlamaForCausalLM(
+        model = build_model(
             files.arch, files.weights, self.chunks.ctx, method, files.rope_freq_factors
         )
         return kld_report(self.reference, self.score(_with_row_kernels(model, method)))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tokenmill.cache_dirs import cache_root
 from tokenmill.model.llama import LlamaForCausalLM
+from tokenmill.model.models import build_model
 from tokenmill.quant.plan import QuantPlan
 from tokenmill.quant.texts import CALIBRATION_TEXT, EVALUATION_TEXT, read_text
 
@@ -78,7 +79,7 @@ def measure_engine_kld(
     files = load_model_files(model, with_weights=not same_as_reference)
     reference_model = engine_model
     if not same_as_reference:
-        reference_model = LlamaForCausalLM(
+        reference_model = build_model(
             files.arch,
             files.weights,
             GATE_CTX,
