@@ -150,3 +150,27 @@ def test_weights_kld_gate_builds_the_family(tmp_path):
     llm = LLM(str(path), kv_cache_memory_gib=0.05, weights="native", max_kld=1.0)
     report = llm.engine.core.weights_kld
     assert report is not None and 0 <= report["mean_kld"] < 1e-2
+
+
+def test_gpt_oss_mxfp4_checkpoint(tmp_path):
+    """GPT-OSS as published: experts in MXFP4 blocks and scales, dequantized at load exactly as
+    transformers dequantizes them (its convert_moe_packed_tensors is the reference)."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    model = make_family_model("gpt_oss", intermediate_size=64)
+    path = save_hf_folder(model, tmp_path / "gpt-oss")
+    tensors = load_file(str(path / "model.safetensors"))
+    gen = torch.Generator().manual_seed(7)
+    for name in [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        e, cols, rows = tensors.pop(name).shape  # stored [E, in, out]; MXFP4 packs rows of `in`
+        blocks = torch.randint(0, 256, (e, rows, cols // 32, 16), dtype=torch.uint8, generator=gen)
+        scales = torch.randint(122, 128, (e, rows, cols // 32), dtype=torch.uint8, generator=gen)
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        weight = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+        module, attr = name.rsplit(".", 1)
+        with torch.no_grad():
+            getattr(model.get_submodule(module), attr).copy_(weight)
+    save_file(tensors, str(path / "model.safetensors"))
+    llm = LLM(str(path), kv_cache_memory_gib=0.05)
+    check_family(model, llm)

@@ -14,6 +14,19 @@ from tokenmill.model.models.decoder import DecoderModel
 from tokenmill.model.models.moe import ClampedSwiGLUExpert, Routing, topk_softmax
 
 _EXPERTS = re.compile(r"(model\.layers\.\d+\.mlp\.)experts\.(gate_up_proj|down_proj)(_bias)?")
+# MXFP4's 4-bit values (e2m1), low nibble first; each block of 32 shares a power-of-two scale
+_FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The published checkpoints' experts: blocks [E, rows, groups, 16] uint8 and scales
+    [E, rows, groups] (exponent + 127) -> float32 [E, cols, rows] (the layout the bf16
+    checkpoints store: x @ W)."""
+    lut = torch.tensor(_FP4, dtype=torch.float32)
+    b = blocks.to(torch.uint8)
+    values = torch.stack((lut[(b & 0x0F).long()], lut[(b >> 4).long()]), dim=-1).flatten(-2)
+    values = torch.ldexp(values, (scales.to(torch.int32) - 127).unsqueeze(-1))
+    return values.flatten(-2).transpose(1, 2).contiguous()
 
 
 def _split_experts(prefix: str, kind: str, bias: bool, w: torch.Tensor, out: dict) -> None:
@@ -34,6 +47,12 @@ def _split_experts(prefix: str, kind: str, bias: bool, w: torch.Tensor, out: dic
 
 class GptOssForCausalLM(DecoderModel):
     def normalize_weights(self, weights: dict) -> dict:
+        for name in [n for n in weights if n.endswith("_blocks")]:
+            base = name[: -len("_blocks")]
+            scales = weights.pop(base + "_scales", None)
+            if scales is None:
+                raise ValueError(f"{base}_scales is missing for {name}")
+            weights[base] = dequantize_mxfp4(weights.pop(name), scales)
         out = {}
         for name, w in weights.items():
             m = _EXPERTS.fullmatch(name)
