@@ -76,3 +76,14 @@ def test_bad_gguf_header_names_the_key(drop, field):
 def test_unknown_gguf_architecture_is_named():
     with pytest.raises(ValueError, match="general.architecture"):
         ArchConfig.from_gguf_metadata({"general.architecture": "deepseek2"}, True, False)
+
+
+def test_phi3_su_is_longrope():
+    """Phi-3's first 128k checkpoints name LongRoPE "su"."""
+    cfg = _config("phi3")
+    params = cfg.pop("rope_parameters")
+    scaling = {"type": "su", "long_factor": params["long_factor"],
+               "short_factor": params["short_factor"]}  # fmt: skip
+    arch = ArchConfig.from_hf_config({**cfg, "rope_scaling": scaling, "rope_theta": 1e4})
+    assert arch.rope_scaling.rope_type == "longrope"
+    assert arch.rope_scaling.long_factor == tuple(params["long_factor"])

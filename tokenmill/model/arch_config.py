@@ -195,6 +195,7 @@ def _parse_rope_scaling(scaling: dict[str, Any] | None, max_positions: int) -> R
     rope_type = scaling.get("rope_type") or scaling.get("type")
     if rope_type in (None, "default"):
         return None
+    rope_type = {"su": "longrope"}.get(rope_type, rope_type)  # Phi-3's first name for it
     if rope_type not in ROPE_TYPES:
         raise ValueError(
             f"rope_scaling: unsupported type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
