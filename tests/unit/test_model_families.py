@@ -174,3 +174,38 @@ def test_gpt_oss_mxfp4_checkpoint(tmp_path):
     save_file(tensors, str(path / "model.safetensors"))
     llm = LLM(str(path), kv_cache_memory_gib=0.05)
     check_family(model, llm)
+
+
+def test_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path):
+    """Gemma3ForConditionalGeneration (the 4B-27B checkpoints): text prompts give
+    transformers' logits and tokens; the vision tower's weights are left out."""
+    import transformers
+
+    from tests.tiny_models import embedded_tokenizer
+
+    vocab = embedded_tokenizer().vocab_size
+    text = transformers.Gemma3TextConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16,
+        initializer_range=0.15, max_position_embeddings=1024,
+    )  # fmt: skip
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        image_size=28, patch_size=14,
+    )  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4,
+        image_token_index=vocab - 1, boi_token_index=vocab - 3, eoi_token_index=vocab - 2,
+    )  # fmt: skip
+    torch.manual_seed(1234)
+    model = transformers.Gemma3ForConditionalGeneration(config).float().eval()
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.2)
+    model.config._attn_implementation = "eager"
+    path = save_hf_folder(model, tmp_path / "gemma3-mm")
+    llm = LLM(str(path), kv_cache_memory_gib=0.05, max_num_batched_tokens=64)
+    assert llm.engine.core.model.config.architecture == "gemma3"
+    check_family(model, llm)

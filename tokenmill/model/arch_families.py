@@ -14,6 +14,7 @@ HF_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # served as text: its language model
     "Phi3ForCausalLM": "phi3",
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
@@ -34,6 +35,23 @@ GGUF_ARCHITECTURES = {
 }
 # Gemma 3 checkpoints without layer_types: every sixth layer is global
 GEMMA3_SLIDING_PATTERN = 6
+# Gemma3TextConfig's defaults: the multimodal checkpoints' text_config leaves them out
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "max_position_embeddings": 131072,
+    "hidden_activation": "gelu_pytorch_tanh",
+}
 
 
 def need(cfg: dict[str, Any], name: str, where: str = "config.json") -> Any:
@@ -60,6 +78,10 @@ def _rope(cfg: dict[str, Any], params: dict[str, Any]) -> tuple[float, dict | No
 
 
 def hf_fields(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    if arch == "gemma3":
+        text = cfg.get("text_config") or {}
+        tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
+        cfg = {**GEMMA3_TEXT_DEFAULTS, **(text or cfg), "tie_word_embeddings": tie}
     heads = need(cfg, "num_attention_heads")
     hidden = need(cfg, "hidden_size")
     params = cfg.get("rope_parameters") or {}
