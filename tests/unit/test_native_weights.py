@@ -565,7 +565,7 @@ def test_weights_flag_and_the_older_spelling_cannot_both_be_given():
     with pytest.raises(ValueError, match="weights"):
         ModelConfig(weights="native", dtype="bfloat16")
     with pytest.raises(ValueError, match="weights"):
-        ModelConfig(weights="fp8")
+        ModelConfig(weights="fp4")
 
 
 def test_batched_rows_with_and_without_the_float_copy(tmp_path, tiny_source, monkeypatch):

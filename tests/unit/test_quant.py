@@ -65,7 +65,7 @@ def test_plan_validation_and_round_trip(tmp_path):
     assert QuantPlan("int8").method == "int8"
     assert QuantPlan("int8", (("lm_head", "float32"),)).method == "native"
     for bad in (
-        dict(scheme="fp8"),
+        dict(scheme="fp4"),
         dict(scheme="bfloat16", overrides=(("lm_head", "q8_0"),)),
         dict(scheme="q4_0", overrides=(("lm_head", "q3_k"),)),
         dict(scheme="q4_0", overrides=(("", "q8_0"),)),
