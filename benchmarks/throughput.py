@@ -10,7 +10,10 @@ same run.
 
 Systems
     tokenmill native    LLM() with its defaults (weights="native"): the Q4_1 file's weights kept
-                        packed, native kernels (fp32 activations, exact in-kernel dequantization)
+                        packed, integer-dot kernels (decode rows: 24-bit activations; prefill and
+                        steps past 32 rows: the GEMM at 16 bits)
+    tokenmill native a8 the same with the GEMM's activations at 8 bits (int8 per 32 values, as
+                        llama.cpp's; LLM(int_dot_gemm_bits=8))
     tokenmill native Q8_0   the same on the Q8_0 copy of the file (make_gguf_variants.sh)
     tokenmill fp32      LLM(weights="float32") (float32 weights, dequantized from the GGUF)
     tokenmill bf16      LLM(weights="bfloat16") (bf16 linear layers)
@@ -353,6 +356,7 @@ def bench_tokenmill(
     work: Workload,
     threads: int,
     model: Path | None = None,
+    **engine_args: object,
 ) -> Result:
     from tokenmill import LLM, SamplingParams
 
@@ -363,6 +367,7 @@ def bench_tokenmill(
         max_num_seqs=max(sizes.batch, 4),
         kv_cache_memory_gib=1.0,
         num_threads=threads,
+        **engine_args,
     )
     eng = llm.engine
 
@@ -773,6 +778,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         (
             "tokenmill native",
             lambda: bench_tokenmill("tokenmill native", "native", sizes, work, threads),
+        ),
+        (
+            "tokenmill native a8",
+            lambda: bench_tokenmill(
+                "tokenmill native a8", "native", sizes, work, threads, int_dot_gemm_bits=8
+            ),
         ),
         (
             "tokenmill fp32",

@@ -1,0 +1,73 @@
+"""The integer-dot kernels on one layer of the embedded model's shapes, in one run: the decode
+GEMV (24-bit activations) and the GEMM at 24, 16 and 8 bits, next to torch's fp32 GEMM on the
+same weight dequantized (the float path they replace), at a few row counts.
+
+    .venv/bin/python benchmarks/int_dot_gemm.py [--threads N] [--rows 64,512]
+
+Prints ms and GOP/s (2 * rows * N * K per call, best of --reps) and each kernel's ratio to
+the fp32 GEMM."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.unit.test_native_weights import packed  # noqa: E402
+from tokenmill.kernels import ops  # noqa: E402
+
+SHAPES = (("Q4_1", 3072, 576), ("Q4_1", 576, 1536), ("Q8_0", 3072, 576))  # gate/up, down
+
+
+def best_ms(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+def kernels(x, w, repacked, dense_t):
+    """(name, call) of each kernel on rows x."""
+    yield "fp32 GEMM (torch.mm)", lambda: x @ dense_t
+    yield "GEMV 24-bit", lambda: ops.int_dot_linear(x, repacked, w, None)
+    for bits in (24, 16, 8):
+        yield f"GEMM {bits}-bit", lambda b=bits: ops.int_dot_gemm(x, repacked, w, None, bits=b)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--rows", default="64,512")
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if not ops.kernels_available() or ops.int_dot_kind() == 0:
+        print("no integer-dot kernels in this build")
+        return 1
+    print(f"threads {args.threads}; build: int_dot_kind {ops.int_dot_kind()}")
+    print("| weight | rows | kernel | ms | GOP/s | vs fp32 GEMM |")
+    print("| --- | ---: | --- | ---: | ---: | ---: |")
+    for qt, n, k in SHAPES:
+        w = packed(qt, n, k)
+        repacked, dense_t = ops.int_dot_repack(w), ops.dequant_matrix_t(w)
+        for m in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(m, k)
+            times = {name: best_ms(fn, args.reps) for name, fn in kernels(x, w, repacked, dense_t)}
+            base = times["fp32 GEMM (torch.mm)"]
+            for name, ms in times.items():
+                gops = 2 * m * n * k / ms / 1e6
+                print(f"| {qt} {n}x{k} | {m} | {name} | {ms:.2f} | {gops:.0f} | {base / ms:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
