@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import results as results_file  # noqa: E402
 from tests.unit.test_native_weights import packed  # noqa: E402
 from tokenmill.kernels import ops  # noqa: E402
 
@@ -48,24 +49,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--rows", default="64,512")
     ap.add_argument("--reps", type=int, default=7)
+    results_file.add_arguments(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if not ops.kernels_available() or ops.int_dot_kind() == 0:
         print("no integer-dot kernels in this build")
         return 1
-    print(f"threads {args.threads}; build: int_dot_kind {ops.int_dot_kind()}")
-    print("| weight | rows | kernel | ms | GOP/s | vs fp32 GEMM |")
-    print("| --- | ---: | --- | ---: | ---: | ---: |")
-    for qt, n, k in SHAPES:
-        w = packed(qt, n, k)
-        repacked, dense_t = ops.int_dot_repack(w), ops.dequant_matrix_t(w)
-        for m in (int(r) for r in args.rows.split(",")):
-            x = torch.randn(m, k)
-            times = {name: best_ms(fn, args.reps) for name, fn in kernels(x, w, repacked, dense_t)}
-            base = times["fp32 GEMM (torch.mm)"]
-            for name, ms in times.items():
-                gops = 2 * m * n * k / ms / 1e6
-                print(f"| {qt} {n}x{k} | {m} | {name} | {ms:.2f} | {gops:.0f} | {base / ms:.2f}x |")
+    with results_file.capture("int-dot-gemm", args):
+        print(f"threads {args.threads}; build: int_dot_kind {ops.int_dot_kind()}")
+        print("| weight | rows | kernel | ms | GOP/s | vs fp32 GEMM |")
+        print("| --- | ---: | --- | ---: | ---: | ---: |")
+        for qt, n, k in SHAPES:
+            w = packed(qt, n, k)
+            repacked, dense_t = ops.int_dot_repack(w), ops.dequant_matrix_t(w)
+            for m in (int(r) for r in args.rows.split(",")):
+                x = torch.randn(m, k)
+                times = {
+                    name: best_ms(fn, args.reps) for name, fn in kernels(x, w, repacked, dense_t)
+                }
+                base = times["fp32 GEMM (torch.mm)"]
+                for name, ms in times.items():
+                    gops = 2 * m * n * k / ms / 1e6
+                    print(
+                        f"| {qt} {n}x{k} | {m} | {name} | {ms:.2f} | {gops:.0f} | {base / ms:.2f}x |"
+                    )
     return 0
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import results as results_file  # noqa: E402
 from benchmarks.throughput import MODEL_STEM, llama_cpp_dirs  # noqa: E402
 
 VARIANTS = {
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--prompt", type=int, default=512)
+    results_file.add_arguments(ap)
     args = ap.parse_args(argv)
     from tokenmill import LLM, SamplingParams
 
@@ -72,12 +74,13 @@ def main(argv: list[str] | None = None) -> int:
                 rate = args.prompt / (time.perf_counter() - t)
                 best[name] = max(best.get(name, 0.0), rate)
     peer = max((v for k, v in best.items() if k.startswith("llama.cpp")), default=None)
-    print(f"prefill {args.prompt} tokens, {args.threads} threads, best of {args.rounds} rounds")
-    print("| system | tok/s | / best llama.cpp |")
-    print("| --- | ---: | ---: |")
-    for name, rate in best.items():
-        ratio = f"{rate / peer:.2f}x" if peer else "-"
-        print(f"| {name} | {rate:,.0f} | {ratio} |")
+    with results_file.capture("prefill-ab", args):
+        print(f"prefill {args.prompt} tokens, {args.threads} threads, best of {args.rounds} rounds")
+        print("| system | tok/s | / best llama.cpp |")
+        print("| --- | ---: | ---: |")
+        for name, rate in best.items():
+            ratio = f"{rate / peer:.2f}x" if peer else "-"
+            print(f"| {name} | {rate:,.0f} | {ratio} |")
     return 0
 
 
