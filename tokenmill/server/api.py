@@ -22,7 +22,7 @@ from tokenmill.server.openapi import add_request_bodies
 from tokenmill.server.parse_process import ParseProcess
 from tokenmill.server.request_id import RequestIdMiddleware
 from tokenmill.server.responses import routes as responses
-from tokenmill.server.routes import admin, embeddings, health, openai, tokenize
+from tokenmill.server.routes import admin, embeddings, health, lora, openai, tokenize
 from tokenmill.server.settings import ServerSettings
 from tokenmill.server.state import ServerState
 from tokenmill.ui.routes import add_ui_routes
@@ -52,8 +52,10 @@ def build_app(
     add_exception_handlers(app)
     bodies = {**openai.REQUEST_BODIES, **tokenize.REQUEST_BODIES, **responses.REQUEST_BODIES}
     bodies.update(embeddings.REQUEST_BODIES)
+    bodies.update(lora.REQUEST_BODIES)
     for router in (health.router, openai.router, embeddings.router, tokenize.router, admin.router):
         app.include_router(router)
+    app.include_router(lora.router)
     app.include_router(responses.router)
     if app.state.batch is not None:
         app.include_router(batch_files.router)
