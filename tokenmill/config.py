@@ -214,10 +214,12 @@ class KernelConfig:
     # (model/row_kernels.py), a number, or "any"
     int_dot_max_rows: int | str | None = None
     # the activations' precision in the integer-dot GEMM, which runs steps past the GEMV's 32
-    # rows: 16 (two digits per value: KLD from float32 < 1e-6 on the embedded model), 24 (the
-    # GEMV's: its results bit for bit) or 8 (one int8 per value and 32-value block, as
-    # llama.cpp's: twice as fast, KLD 0.0035)
-    int_dot_gemm_bits: int = 16
+    # rows: 24 (the GEMV's: its results bit for bit, so a row's logits never depend on the
+    # step's size: speculative verification stays lossless, a cache hit equals a miss), 16
+    # (two digits per value: two thirds of the work, KLD from float32 < 1e-6 on the embedded
+    # model) or 8 (one int8 per value and 32-value block, as llama.cpp's: twice as fast, KLD
+    # 0.0035)
+    int_dot_gemm_bits: int = 24
     greedy_argmax: bool = True  # greedy rows read out only the lm_head's argmax
     fused_decode: bool = True  # decode steps in one native call (model/fused_decode.py)
     prefetch: bool = True  # native weights prepared while torch is imported (prefetch.py)

@@ -85,7 +85,7 @@ INT_DOT_MAX_ROWS = EnvVar(
 INT_DOT_GEMM_BITS = EnvVar(
     "TOKENMILL_INT_DOT_GEMM_BITS", parse_gemm_bits,
     "8, 16 or 24: the activations' precision in the integer-dot GEMM (prefill and steps past "
-    "32 rows; 24 is the decode GEMV's; default 16)",
+    "32 rows; 24, the default, is the decode GEMV's)",
     "kernel_config.int_dot_gemm_bits",
 )  # fmt: skip
 GREEDY_ARGMAX = EnvVar(

@@ -29,6 +29,7 @@ class DecodeModel(Protocol):
     rope: Any  # its cos / sin tables
     method: Any  # how its weights run (fused_decode: whether it may)
 
+
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -82,9 +83,7 @@ def runs_int_dot(linear) -> bool:
 class FusedDecoder:
     """The native per-step call for one model and one set of KV caches."""
 
-    def __init__(
-        self, model: DecodeModel, kv_caches: list[torch.Tensor], attn: CPUPagedBackend
-    ):
+    def __init__(self, model: DecodeModel, kv_caches: list[torch.Tensor], attn: CPUPagedBackend):
         cfg = model.config
         self.layers = (DecodeLayer * len(model.layers))()
         for i, (layer, kv) in enumerate(zip(model.layers, kv_caches, strict=True)):

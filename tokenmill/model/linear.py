@@ -179,7 +179,7 @@ class PackedLinear:
         keep_float: bool = False,
         prefetch: WeightPrefetch | None = None,
         int_dot: bool = True,
-        gemm_bits: int = 16,
+        gemm_bits: int = 24,
     ) -> None:
         """`prefetch`: the start-up prefetch, which may have prepared this weight's repack
         and float copy already (prefetch.py); `int_dot`: KernelConfig.int_dot; `gemm_bits`:
