@@ -45,7 +45,7 @@ def kernels(x, w, repacked, dense_t):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--rows", default="64,512")
     ap.add_argument("--reps", type=int, default=7)

@@ -78,7 +78,7 @@ def fused_decode(llm: LLM, on: bool) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--users", type=int, default=32)
     p.add_argument("--adapters", type=int, default=8)
     p.add_argument("--rank", type=int, default=16)

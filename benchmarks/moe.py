@@ -151,7 +151,9 @@ def fmt(x: float | None) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter, allow_abbrev=False
+    )
     ap.add_argument("--quick", action="store_true", help="4 layers, 16 experts")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--qtype", default="Q8_0", help="GGUF format of the weights (Q8_0, Q4_0)")
