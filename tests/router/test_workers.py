@@ -24,11 +24,11 @@ class BlockingHasher(PromptHasher):
         self.release = threading.Event()
         self.finished = threading.Event()
 
-    def key(self, endpoint: str, body: dict, session: str | None = None) -> RequestKey:
+    def key(self, endpoint: str, body: dict, *args, **kwargs) -> RequestKey:
         self.entered.set()
         self.release.wait(5)
         try:
-            return super().key(endpoint, body, session)
+            return super().key(endpoint, body, *args, **kwargs)
         finally:
             self.finished.set()
 

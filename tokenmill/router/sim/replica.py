@@ -68,6 +68,9 @@ class SimSequence:
         self.arrival = arrival
         self.tag = tag  # the simulator's (the routing decision)
         self.cache_salt: str | None = None
+        self.lora_name: str | None = None  # the base model
+        self.lora_id: int | None = None
+        self.skip_reading_prefix_cache = False  # a generation request reads the cache
         self.sampling_params = _PARAMS
         self.num_computed_tokens = 0
         self.cached_tokens = 0  # prompt tokens found in the prefix cache at admission
