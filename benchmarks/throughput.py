@@ -11,7 +11,7 @@ same run.
 Systems
     tokenmill native    LLM() with its defaults (weights="native"): the Q4_1 file's weights kept
                         packed, integer-dot kernels (decode rows: 24-bit activations; prefill and
-                        steps past 32 rows: the GEMM at 16 bits)
+                        steps past 32 rows: the GEMM at 24 bits, its default)
     tokenmill native a8 the same with the GEMM's activations at 8 bits (int8 per 32 values, as
                         llama.cpp's; LLM(int_dot_gemm_bits=8))
     tokenmill native Q8_0   the same on the Q8_0 copy of the file (make_gguf_variants.sh)
