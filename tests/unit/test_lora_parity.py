@@ -217,3 +217,32 @@ def test_max_loras_bounds_the_adapters_a_batch_mixes(tiny_llama_dir, adapters):
     for i in (0, 1, 2):
         (alone,) = llm.generate([prompts[i]], params, lora_name=names[i])
         assert alone.outputs[0].token_ids == outs[i].outputs[0].token_ids
+
+
+def test_a_request_whose_adapter_must_wait_does_not_hold_back_the_queue(tiny_llama_dir, adapters):
+    """--max-loras 2 with two adapters running: a third adapter's request waits, and the base
+    and running-adapter requests queued behind it are admitted in the same step (vLLM's
+    skip); it runs once an adapter frees, with the tokens it gets alone."""
+    llm = LLM(
+        str(tiny_llama_dir), kv_cache_memory_gib=0.05, max_loras=2, max_lora_rank=16,
+        lora_modules=tuple(f"{n}={p}" for n, p in adapters.items()),
+    )  # fmt: skip
+    lora = llm.engine.core.runner.lora
+    steps: list[list] = []
+    begin = lora.begin_step
+
+    def spy(rows, num_rows):
+        steps.append([name for name, _, _ in rows])
+        begin(rows, num_rows)
+
+    lora.begin_step = spy
+    a, b, c = (name for name, *_ in ADAPTERS)
+    names = [a, b, c, None, a]
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(len(names))]
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    outs = llm.generate(prompts, params, lora_name=names)
+    assert sorted(steps[0], key=str) == sorted([a, b, None, a], key=str)  # c skipped, not a wall
+    assert any(c in step for step in steps[1:])
+    (alone,) = llm.generate([prompts[2]], params, lora_name=c)
+    assert outs[2].outputs[0].token_ids == alone.outputs[0].token_ids

@@ -130,6 +130,7 @@ class Scheduler:
             budget -= num_new
 
         # 2) Waiting requests, while nothing had to be preempted this step.
+        lora_waits: list[Request] = []  # their adapters wait for a running one to finish
         while (
             not out.preempted_request_ids
             and budget > 0
@@ -137,8 +138,9 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting.peek()
-            if not self._lora_fits(request):
-                break  # its adapter waits for one of the running ones to finish
+            if not self._lora_fits(request):  # the requests behind it may still run (vLLM)
+                lora_waits.append(self.waiting.pop())
+                continue
             computed = self.kv.get_computed_blocks(request)
             num_new = request.num_tokens - computed.num_tokens
             if not self.config.enable_chunked_prefill and num_new > budget:
@@ -157,6 +159,8 @@ class Scheduler:
             scheduled[request.request_id] = ScheduledRequest(request, num_new, [])
             budget -= num_new
 
+        for request in reversed(lora_waits):  # back at the front, in their order
+            self.waiting.prepend(request)
         for sr in scheduled.values():
             sr.block_ids = self.kv.get_block_ids(sr.request.request_id)
         out.scheduled = list(scheduled.values())
