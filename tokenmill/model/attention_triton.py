@@ -4,6 +4,8 @@ interpreter (TRITON_INTERPRET=1), which is how CI checks it inside the engine.""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from tokenmill.kernels.triton import triton_available
@@ -68,6 +70,7 @@ class TritonBackend(AttentionBackend):
         return out.view(q.shape[0], self.num_heads * hd)
 
 
+@functools.cache  # asked by every layer of every step
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 1

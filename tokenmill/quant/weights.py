@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch
 
+from tokenmill.model.device_method import device_method
 from tokenmill.model.loader import load_model_files
 from tokenmill.model.model_files import ModelFiles
 from tokenmill.model.packed import Int8Weight, OutlierSplit, PackedWeight, as_float
@@ -32,7 +33,7 @@ def load_for_plan(
     weights stay float (the device's method converts them there); dummy weights are made
     on the device in its dtype."""
     if device != "cpu":
-        dtype = torch.float32 if plan.scheme == "float32" else torch.bfloat16
+        dtype = device_method(plan.scheme, device).dtype  # what the device's method runs
         return load_model_files(model, load_format=load_format, device=device, dtype=dtype)
     files = load_model_files(
         model, packed=plan.loads_packed, prefetch=prefetch, load_format=load_format

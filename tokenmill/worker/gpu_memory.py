@@ -9,6 +9,7 @@ import torch
 
 from tokenmill.config import EngineConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata, ChunkAttention
+from tokenmill.worker.model_runner import kv_bytes_per_block
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +54,7 @@ def profile_num_blocks(
     activations = torch.cuda.max_memory_allocated(device) - weights - profile_kv
     torch.cuda.empty_cache()
     budget = total * cache.gpu_memory_utilization - non_torch - weights - activations
-    per_block = (
-        2 * cache.block_size * cfg.num_key_value_heads * cfg.head_dim
-        * torch.empty((), dtype=kv_dtype).element_size() * cfg.num_hidden_layers
-    )  # fmt: skip
+    per_block = kv_bytes_per_block(model, cache.block_size, kv_dtype)
     num_blocks = int(budget // per_block)
     logger.info(
         "GPU memory: %.1f GiB total, weights %.1f GiB, activations %.1f GiB, other %.1f GiB: "
