@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -25,8 +24,3 @@ if not torch.cuda.is_available():
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # bf16 only on a device: the interpreter computes in numpy, which has no bfloat16
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
-
-
-@pytest.fixture
-def device() -> str:
-    return DEVICE

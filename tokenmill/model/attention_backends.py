@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenmill.config import ATTENTION_BACKENDS as BACKEND_NAMES  # --attention-backend
 from tokenmill.model.attention import AttentionBackend, CPUPagedBackend, TorchSDPABackend
 from tokenmill.model.attention_triton import TritonBackend
 
@@ -12,7 +13,6 @@ ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {
     TorchSDPABackend.name: TorchSDPABackend,
     TritonBackend.name: TritonBackend,
 }
-ATTENTION_BACKEND_CHOICES = ("auto", *ATTENTION_BACKENDS)
 
 
 def get_attention_backend(name: str | None = None, device: str = "cpu") -> type[AttentionBackend]:
@@ -23,7 +23,7 @@ def get_attention_backend(name: str | None = None, device: str = "cpu") -> type[
         return next(ATTENTION_BACKENDS[n] for n in order if ATTENTION_BACKENDS[n].available())
     if name not in ATTENTION_BACKENDS:
         raise ValueError(
-            f"attention_backend: unknown value {name!r} (one of {', '.join(ATTENTION_BACKEND_CHOICES)})"
+            f"attention_backend: unknown value {name!r} (one of {', '.join(BACKEND_NAMES)})"
         )
     backend = ATTENTION_BACKENDS[name]
     if not backend.available():
