@@ -232,3 +232,29 @@ def test_families_beyond_llama_are_refused_on_a_gpu_with_a_clear_error():
     )  # fmt: skip
     with pytest.raises(ValueError, match="device: qwen3 runs on the CPU"):
         build_model(cfg, {}, 64, DeviceMethod("meta", torch.float32))
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        ({"device": "tpu"}, "device"),
+        ({"device": ""}, "device"),
+        ({"attention_backend": "flash"}, "attention_backend"),
+        ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": -0.5}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"load_format": "pt"}, "load_format"),
+    ],
+)
+def test_bad_gpu_settings_are_refused_naming_the_field(given, field):
+    from tokenmill.engine.arg_utils import EngineArgs
+
+    with pytest.raises(ValueError, match=field):
+        EngineArgs(**given).create_engine_config()
+
+
+def test_dummy_weights_need_a_config_folder():
+    from tokenmill.model.embedded import embedded_model_path
+
+    with pytest.raises(ValueError, match="load_format: dummy needs a folder with config.json"):
+        load_model_files(str(embedded_model_path()), load_format="dummy")
