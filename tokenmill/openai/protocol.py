@@ -146,6 +146,9 @@ class ChatMessage(APIModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # an earlier assistant turn's reasoning, sent back (vLLM's names for it)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     function_call: unsupported("the legacy function_call; send tool_calls") = None
 
     @model_validator(mode="after")
@@ -168,6 +171,11 @@ class ChatMessage(APIModel):
             out["tool_calls"] = [tc.model_dump() for tc in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if reasoning is not None:
+            # under every name templates read it, as transformers passes it: Qwen3's
+            # `reasoning_content`, GPT-OSS's `thinking`
+            out |= {"reasoning_content": reasoning, "thinking": reasoning, "reasoning": reasoning}
         return out
 
 
@@ -302,6 +310,8 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # a template variable, as vLLM passes it (GPT-OSS's template writes it into its system turn)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     # Trusted callers only (the server must allow it): control-token strings in messages
     # become control tokens instead of text.
     special_tokens_in_content: bool = False
@@ -311,7 +321,6 @@ class ChatCompletionRequest(SamplingFields):
     functions: unsupported("the legacy functions; send tools") = None
     function_call: unsupported("the legacy function_call; send tool_choice") = None
     web_search_options: unsupported("web search") = None
-    reasoning_effort: unsupported("reasoning effort", one_of("none")) = None
     verbosity: unsupported("verbosity other than medium", one_of("medium")) = None
     # vLLM's
     chat_template: unsupported("a per-request chat template (the model's is used)") = None

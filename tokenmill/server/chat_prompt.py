@@ -26,6 +26,9 @@ def render_chat_request(
 ) -> tuple[str, list[int]]:
     """400 (APIError) when the template rejects the conversation or the kwargs."""
     messages, tools = template_messages(chat_template, req.messages, request_tools(req))
+    kwargs = req.chat_template_kwargs
+    if req.reasoning_effort is not None and isinstance(kwargs, dict | None):
+        kwargs = {"reasoning_effort": req.reasoning_effort, **(kwargs or {})}
     try:
         return render_chat(
             chat_template,
@@ -34,7 +37,7 @@ def render_chat_request(
             tools,
             req.add_generation_prompt,
             req.continue_final_message,
-            req.chat_template_kwargs,
+            kwargs,
             req.special_tokens_in_content,
         )
     except ChatTemplateError as e:
