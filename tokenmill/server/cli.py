@@ -23,6 +23,7 @@ from tokenmill.server.settings import (
     ServerSettings,
     resolve_api_key,
 )
+from tokenmill.structured.call_lists import TOOL_CALL_PARSER_CHOICES
 from tokenmill.structured.reasoning import REASONING_PARSER_CHOICES
 
 if TYPE_CHECKING:
@@ -90,6 +91,14 @@ def add_serve_parser(sub, add_engine_args) -> None:
         "model's chat template uses <think>; none: leave it in the content)",
     )
     p.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=TOOL_CALL_PARSER_CHOICES,
+        help="the format tool calls are read in (auto: from the chat template; hermes: "
+        "<tool_call> JSON; pythonic: [f(a=1)] as Gemma 3 / Llama 3.2; phi4_mini_json: "
+        "functools[...] as Phi-4-mini)",
+    )
+    p.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds to finish requests on SIGTERM"
     )
     add_response_store_args(p)
@@ -120,6 +129,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         default_max_tokens=args.default_max_tokens,
         allow_special_tokens_in_content=args.allow_special_tokens_in_content,
         reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
         response_store=response_store_config(args),
         batch=batch_config(args),
     )

@@ -29,6 +29,7 @@ from tokenmill.server.state import (
     stream_chunk,
     usage_options,
 )
+from tokenmill.structured.call_lists import HERMES, CallListParser, resolve_tool_call_parser
 from tokenmill.structured.harmony import HarmonyParser, ReasoningText, parse_harmony
 from tokenmill.structured.reasoning import (
     HARMONY,
@@ -111,6 +112,12 @@ async def create_chat_completion(
         state, req, completion_id, model, request_tools(req) is not None, params.logprobs
     )
     chat.reasoning = reasoning
+    # a forced call is written in the Hermes format its grammar makes
+    chat.tool_format = (
+        HERMES
+        if forced
+        else resolve_tool_call_parser(state.settings.tool_call_parser, engine.chat_template.source)
+    )
     chat.opens_thinking = prompt_opens_thinking(prompt)
     if req.stream:
         return event_stream(chat.stream(stream, record), request_id)
@@ -140,6 +147,10 @@ class _ChatOutput:
         self.parallel = parallel_calls(req)
         self.reasoning: str | None = None  # the reasoning parser in force (structured/reasoning)
         self.opens_thinking = False  # the prompt ends inside the template's <think>
+        self.tool_format = HERMES  # structured/call_lists.py
+
+    def _tool_parser(self) -> ToolCallParser | CallListParser:
+        return ToolCallParser() if self.tool_format == HERMES else CallListParser(self.tool_format)
 
     def _logprobs(self, c: CompletionOutput) -> dict[str, Any] | None:
         if self.top is None or not c.logprobs:
@@ -171,7 +182,7 @@ class _ChatOutput:
                 if harmony is not None:
                     parsed = ParseResult(harmony.content, harmony.tool_calls)
                 else:
-                    parser = ToolCallParser()
+                    parser = self._tool_parser()
                     parser.feed(text)
                     parser.finish()
                     parsed = parser.result()
@@ -207,7 +218,7 @@ class _ChatOutput:
         n = req.n
         tokens = [0] * n
         sent_role = [False] * n
-        parsers = [ToolCallParser() if self.parse_tools else None for _ in range(n)]
+        parsers = [self._tool_parser() if self.parse_tools else None for _ in range(n)]
         thoughts = [self._reasoning_parser() for _ in range(n)]
         call_ids: list[dict[int, str]] = [{} for _ in range(n)]
         # content that is only whitespace so far: held until text follows, dropped if calls do

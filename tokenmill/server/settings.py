@@ -29,6 +29,9 @@ class ServerSettings:
     # chat responses split <think> reasoning into reasoning_content: "auto" (when the chat
     # template speaks <think>), "none", or a parser by name (structured/reasoning.py)
     reasoning_parser: str = "auto"
+    # the format tool calls are read in: "auto" (from the chat template), "hermes",
+    # "pythonic" or "phi4_mini_json" (structured/call_lists.py)
+    tool_call_parser: str = "auto"
     response_store: ResponseStoreConfig = ResponseStoreConfig()
     batch: BatchConfig = BatchConfig(path="off")  # `serve` turns it on (server/batch/config.py)
     # the gateway (keys, limits, ledger, guardrails, tool policy) from this YAML file
