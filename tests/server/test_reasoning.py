@@ -14,7 +14,8 @@ from tests.family_models import make_family_model
 from tests.server.conftest import start_server
 from tests.tiny_models import save_hf_folder
 
-TEMPLATE = (Path(__file__).parent.parent / "data" / "chat_templates" / "qwen3.jinja").read_text()
+TEMPLATE_DIR = Path(__file__).parent.parent / "data" / "chat_templates"
+TEMPLATE = (TEMPLATE_DIR / "qwen3.jinja").read_text()
 TOOLS = [
     {
         "type": "function",
@@ -141,13 +142,8 @@ def test_template_renders_as_transformers(qwen3_folder, thinking):
 
 # ------------------------------------------------------------------ GPT-OSS (harmony)
 
-# the harmony layout of GPT-OSS's template, reduced to what the parser needs to see
-HARMONY_TEMPLATE = (
-    "<|start|>system<|message|>Reasoning: medium\n\n# Valid channels: analysis, commentary, "
-    "final.<|end|>{% for m in messages %}<|start|>{{ m.role }}"
-    "{% if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}"
-    "<|end|>{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"
-)
+# GPT-OSS's published template (harmony: system and developer turns, tools as a namespace)
+HARMONY_TEMPLATE = TEMPLATE_DIR.joinpath("gpt_oss.jinja").read_text()
 HARMONY_CALL = (
     "<|channel|>analysis<|message|>Needs the weather tool.<|end|><|start|>assistant"
     '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": '
@@ -208,3 +204,34 @@ def test_harmony_streamed(gpt_oss_client):
             args += call.function.arguments or ""
     assert reasoning == "Needs the weather tool."
     assert names == ["get_weather"] and json.loads(args) == {"city": "Paris"}
+
+
+def test_harmony_history_with_reasoning_and_effort(gpt_oss_client):
+    """A conversation sent back with the earlier turn's reasoning, call and result, and
+    reasoning_effort: the published template renders it and the answer still parses."""
+    r = gpt_oss_client.chat.completions.create(
+        model="gpt-oss",
+        messages=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": "Needs the tool.",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'},
+        ],  # fmt: skip
+        tools=TOOLS,
+        max_tokens=200,
+        temperature=0,
+        reasoning_effort="high",
+        extra_body={"guided_regex": _regex(HARMONY_ANSWER)},
+    )
+    message = r.choices[0].message
+    assert (message.reasoning_content, message.content) == ("Say hi.", "Hi there.")
