@@ -21,6 +21,7 @@ QUANTIZATIONS = ("int8",)  # --quantization, ditto
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "native", "torch", "triton")
 LOAD_FORMATS = ("auto", "dummy")
+LORA_DTYPES = ("auto", "float32", "float16")
 
 
 @dataclass(frozen=True)
@@ -299,6 +300,9 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 8  # distinct adapters one batch may mix
     max_lora_rank: int = 64  # adapters of a higher rank are refused
+    # the adapters' weights: "auto" is float16 on the CPU over a quantized or bf16 base (the
+    # deltas' bytes halved; float32 over a float32 base), the activations' dtype on a GPU
+    lora_dtype: str = "auto"
     # Loop cut-off for requests that do not set their own (None: off).
     repetition_detection: RepetitionDetection | None = field(default_factory=RepetitionDetection)
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
@@ -313,6 +317,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_loras < 1 or self.max_lora_rank < 1:
             raise ValueError("max_loras and max_lora_rank: must be at least 1")
+        if self.lora_dtype not in LORA_DTYPES:
+            raise ValueError(
+                f"lora_dtype: unknown value {self.lora_dtype!r} (one of {', '.join(LORA_DTYPES)})"
+            )
         if self.device not in DEVICES:
             raise ValueError(f"device: unknown value {self.device!r} (one of {', '.join(DEVICES)})")
         if self.attention_backend not in ATTENTION_BACKENDS:

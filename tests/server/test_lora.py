@@ -69,6 +69,7 @@ def test_models_list_adapters_with_their_parent(lora_server):
     base = next(m for m in models.values() if m.get("parent") is None)
     assert models["sql"]["parent"] == base["id"] and models["poet"]["parent"] == base["id"]
     assert models["sql"]["lora"]["rank"] == 4
+    assert models["sql"]["lora"]["dtype"] == "float32"  # a float32 base: exact deltas
     assert httpx.get(f"{srv.v1}/models/poet").json()["parent"] == base["id"]
 
 
@@ -93,6 +94,36 @@ def test_adapters_and_base_equal_peft_concurrently(lora_server, tiny_llama_dir):
         model="poet", messages=[{"role": "user", "content": "hi"}], max_tokens=3
     )
     assert out.model == "poet" and out.usage.completion_tokens == 3
+
+
+def test_fp16_adapters_over_a_quantized_base_under_serve(lora_server, tiny_llama_dir, tmp_path):
+    """`serve --weights q8_0`: the adapters run fp16 in the C kernel (--lora-dtype auto), and
+    the served prompt logprobs equal the offline engine's on the same settings."""
+    from tokenmill import LLM, SamplingParams
+    from tokenmill.kernels import ops
+
+    if not ops.kernels_available():
+        pytest.skip("no C compiler for the native kernels")
+    _, folders = lora_server
+    srv = start_server(
+        tmp_path, "--model", str(tiny_llama_dir), "--weights", "q8_0",
+        "--lora", f"sql={folders['sql']}", "--max-lora-rank", "16",
+    )  # fmt: skip
+    try:
+        models = {m["id"]: m for m in httpx.get(f"{srv.v1}/models").json()["data"]}
+        assert models["sql"]["lora"]["dtype"] == "float16"
+        ids, served = _prompt_logprobs(srv, "sql", PROMPT)
+    finally:
+        assert srv.stop() == 0
+    llm = LLM(
+        str(tiny_llama_dir), weights="q8_0", kv_cache_memory_gib=0.05, max_lora_rank=16,
+        lora_modules=(f"sql={folders['sql']}",),
+    )  # fmt: skip
+    assert llm.engine.core.runner.lora.kernel
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    out = llm.generate([ids], params, lora_name=["sql"])[0]
+    offline = [out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))]
+    assert max(abs(a - b) for a, b in zip(served, offline, strict=True)) < 1e-5
 
 
 def test_load_use_and_unload_at_run_time(lora_server, tiny_llama_dir):

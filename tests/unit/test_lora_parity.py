@@ -160,10 +160,25 @@ def test_every_form_of_the_deltas_gives_the_same(llm, monkeypatch, form):
             assert all(abs(pa[t].logprob - pb[t].logprob) < TOL for t in pa)
 
 
-def test_deltas_beside_packed_native_weights(tiny_llama_dir, adapters, tmp_path):
+def _fp16_copy(peft_dir, out):
+    """The PEFT folder with every weight rounded to fp16 (kept in fp32)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(peft_dir, out)
+    path = out / "adapter_model.safetensors"
+    save_file({k: v.half().float() for k, v in load_file(str(path)).items()}, str(path))
+    return out
+
+
+@pytest.mark.parametrize("lora_dtype", ["float32", "auto"])
+def test_deltas_beside_packed_native_weights(tiny_llama_dir, adapters, tmp_path, lora_dtype):
     """On a Q8_0 base run packed by the native method (float kernels: int_dot off), the
     adapters equal PEFT over the same Q8_0 weights dequantized: the deltas run beside the
-    packed blocks, which stay as they are."""
+    packed blocks, which stay as they are. With --lora-dtype auto (fp16 adapters over a
+    quantized base, the C kernel) the reference is PEFT on the fp16-rounded adapters (the
+    ADAPTERS' alpha/r are powers of two: rounding commutes with the scaling)."""
     import transformers
 
     from tests.tiny_models import save_hf_folder
@@ -182,15 +197,27 @@ def test_deltas_beside_packed_native_weights(tiny_llama_dir, adapters, tmp_path)
     llm = LLM(
         str(tiny_llama_dir), weights="q8_0", int_dot=False, kv_cache_memory_gib=0.05,
         lora_modules=tuple(f"{n}={p}" for n, p in adapters.items()), max_lora_rank=16,
+        lora_dtype=lora_dtype,
     )  # fmt: skip
     assert llm.engine.core.config.model_config.plan.method == "native"
     layer = llm.engine.core.model.layers[0]
     assert type(layer.qkv_proj.base).__name__ == "PackedLinear"  # wrapped, never merged
+    lora = llm.engine.core.runner.lora
+    assert lora.kernel == (lora_dtype == "auto")
+    reference = adapters
+    if lora_dtype == "auto":
+        reference = {n: _fp16_copy(p, tmp_path / f"{n}-fp16") for n, p in adapters.items()}
     names = [a[0] for a in ADAPTERS] + [None]
     ids, outs = _run(llm, names)
     for name, prompt_ids, out in zip(names, ids, outs, strict=True):
-        ref = _reference(dequantized, adapters[name] if name else None, prompt_ids)
+        ref = _reference(dequantized, reference[name] if name else None, prompt_ids)
         _check(out, ref, prompt_ids)
+    lora.mode = "per_request"  # one delta call per request: the same numbers
+    _, again = _run(llm, names)
+    for a, b in zip(outs, again, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for pa, pb in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
+            assert all(abs(pa[t].logprob - pb[t].logprob) < 1e-5 for t in pa)
 
 
 def test_max_loras_bounds_the_adapters_a_batch_mixes(tiny_llama_dir, adapters):

@@ -19,6 +19,7 @@ from tokenmill.config import (
     KV_LOAD_FAILURE_POLICIES,
     KV_ROLES,
     LOAD_FORMATS,
+    LORA_DTYPES,
     QUANTIZATIONS,
     SCHEDULING_POLICIES,
     SPECULATIVE_METHODS,
@@ -147,6 +148,10 @@ class EngineArgs:
     )  # fmt: skip
     max_loras: int = option("max_loras", "LoRA adapters one batch may mix")
     max_lora_rank: int = option("max_lora_rank", "adapters of a higher rank are refused")
+    lora_dtype: str = option(
+        "lora_dtype", "the adapters' weights (auto: float16 on the CPU over a quantized or "
+        "bf16 base, else the model's dtype)", choices=LORA_DTYPES,
+    )  # fmt: skip
     gpu_memory_utilization: float = option(
         C + "gpu_memory_utilization", "CUDA: share of the GPU's memory the engine may use "
         "(KV blocks sized from what a warm-up forward leaves free)", metavar="FRACTION",

@@ -35,7 +35,8 @@ class LoRAManager:
             return None
         if getattr(model, "encoder_only", False):
             raise ValueError("enable_lora: LoRA adapters need a decoder model")
-        manager = cls(LoRAModel(model, config.max_loras, config.max_lora_rank), scheduler)
+        lora = LoRAModel(model, config.max_loras, config.max_lora_rank, config.lora_dtype)
+        manager = cls(lora, scheduler)
         runner.lora = manager.model
         for spec in config.lora_modules:
             manager.load(*parse_lora_module(spec))
@@ -76,6 +77,7 @@ class LoRAManager:
             "rank": adapter.rank,
             "modules": adapter.modules,
             "lora_id": adapter.lora_id,
+            "dtype": str(self.model.weight_dtype).removeprefix("torch."),
         }
 
     def list(self) -> list[dict]:

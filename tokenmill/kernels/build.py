@@ -34,6 +34,7 @@ _SOURCES = [
         "int_dot_gemm.c",
         "decode_layers.c",
         "draft_chain.c",
+        "lora_kernels.c",
     )
 ]
 _HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))  # part of the cache key
@@ -154,6 +155,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_int_dot_argmax": [p, i64, i64, p, i32, i64, p, p, i32],
         "tm_decode_layers": [p, i64, p, p, p, i32],
         "tm_draft_chain": [p, p, i64, i64, p, p, f32, i32],
+        "tm_lora_sgmv": [p, i64, p, i64, i64, i32, p, p, p, p, i32, p, p, i32],
     }
     int_results = (
         "tm_has_vnni",

@@ -256,3 +256,34 @@ def int_dot_argmax(
         _p(x), m, k, _p(repacked), weight.qtype, weight.rows, _p(bounds), _p(out), _threads()
     )
     return out
+
+
+LORA_TILE = 32  # lora_kernels.c's TILE
+
+
+def lora_b_tiles(b: torch.Tensor) -> torch.Tensor:
+    """One module's B [w, out] as lora_sgmv reads it: tiles of LORA_TILE columns, each
+    [w, LORA_TILE] contiguous, the last zero-padded; flat, fp16."""
+    w, out = b.shape
+    padded = torch.zeros(w, -(-out // LORA_TILE) * LORA_TILE, dtype=torch.float16)
+    padded[:, :out] = b
+    return padded.view(w, padded.shape[1] // LORA_TILE, LORA_TILE).transpose(0, 1).reshape(-1)
+
+
+def lora_sgmv(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    seg_start: torch.Tensor,
+    rows: torch.Tensor,
+    a_ptrs: int,
+    b_ptrs: int,
+    widths: torch.Tensor,
+    outs: torch.Tensor,
+) -> None:
+    """y[rows of segment s] += (x[those rows] · A_sᵀ) · B_s for every segment (an adapter's
+    rows), in place; A_s [R_s, in] and B_s (lora_b_tiles per module, back to back) fp16, addressed by the pointer
+    arrays at a_ptrs / b_ptrs; seg_start, rows, widths, outs int32."""
+    load_kernels().tm_lora_sgmv(
+        _p(x), x.stride(0), _p(y), y.stride(0), x.shape[1], seg_start.shape[0] - 1,
+        _p(seg_start), _p(rows), a_ptrs, b_ptrs, outs.shape[0], _p(widths), _p(outs), _threads(),
+    )  # fmt: skip

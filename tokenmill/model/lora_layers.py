@@ -10,15 +10,23 @@ prompt beside a few decodes) each adapter's rows get their own matmul pair inste
 
 Weights are never merged; the base layers stay as built (packed blocks included). Each
 adapter is packed per fused layer (q/k/v and gate/up share an input): A stacked [R, in],
-B block-diagonal [out, R], every group padded to the adapter's widest layer."""
+B block-diagonal [out, R], every group padded to the adapter's widest layer.
+
+On the CPU with fp16 adapter weights (--lora-dtype; the default over a quantized base) one
+C call per layer does all of it (kernels/csrc/lora_kernels.c): the weights' bytes are the
+cost of a decode step's deltas, and fp16 halves them."""
 
 from __future__ import annotations
 
+import ctypes
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
+from tokenmill.kernels import ops
+from tokenmill.model.linear import FloatLinear
 from tokenmill.model.lora import LoRAAdapter, check_lora
 
 # fused layer attribute -> the modules whose outputs it concatenates
@@ -32,6 +40,28 @@ GROUPS: dict[str, tuple[str, ...]] = {
 # this many times the step's adapter rows (else one matmul pair per adapter's rows)
 PAD_LIMIT = 2
 _STACK_CACHE = 8  # batched weights kept for this many sets of adapters
+
+
+def lora_weight_dtype(choice: str, model, device: torch.device) -> torch.dtype:
+    """The adapters' weights' dtype for --lora-dtype `choice` ("auto": on the CPU, float16
+    for the C kernel over a quantized or bf16 base, else float32, where the deltas stay
+    exact; on a GPU the activations' dtype)."""
+    if choice in ("float32", "float16"):
+        return getattr(torch, choice)
+    if device.type != "cpu":
+        return getattr(model.method, "dtype", torch.float32)
+    full = not ops.kernels_available() or all(
+        _float32_linear(getattr(layer, group)) for layer in model.layers for group in GROUPS
+    )
+    return torch.float32 if full else torch.float16
+
+
+def _float32_linear(linear) -> bool:
+    """A float32 weight (a packed, int8 or bf16 one is already rounded below fp16)."""
+    if isinstance(linear, FloatLinear):
+        return True
+    weight = getattr(linear, "weight", None)
+    return isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
 
 
 def base_shapes(cfg) -> dict[str, tuple[int, int]]:
@@ -51,6 +81,7 @@ class _PackedAdapter:
         self.ranks: dict[str, int] = {}
         self.widths: dict[str, list[int]] = {}  # each module's columns in the group's A
         self.weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.kernel_weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
         for group, modules in GROUPS.items():
             widths = [self._width(m, layers) for m in modules]
             total = sum(widths)
@@ -79,10 +110,40 @@ class _PackedAdapter:
                         for k, (a, bt) in self.weights.items()}  # fmt: skip
         return self
 
+    def to_kernel_layout(self, shapes: dict[str, tuple[int, int]]) -> None:
+        """fp16 weights in lora_kernels.c's layout: A [R, in]; B each module's [w, out]
+        block in column tiles, back to back (the block-diagonal's zeros dropped)."""
+        kernel = {}
+        for (layer, group), (a, bt) in self.weights.items():
+            outs = [shapes[m][1] for m in GROUPS[group]]
+            blocks, col, row = [], 0, 0
+            for width, out in zip(self.widths[group], outs, strict=True):
+                blocks.append(ops.lora_b_tiles(bt[col : col + width, row : row + out]))
+                col, row = col + width, row + out
+            b = torch.cat(blocks)
+            if max(a.abs().max().item(), bt.abs().max().item()) > torch.finfo(torch.float16).max:
+                raise ValueError(
+                    f"lora_dtype: adapter {self.adapter.name!r} has weights beyond float16's "
+                    "range; serve it with --lora-dtype float32"
+                )
+            kernel[(layer, group)] = (a.half().contiguous(), b.half().contiguous())
+        self.kernel_weights = kernel
+        self.weights = {}
+
     def _width(self, module: str, layers: int) -> int:
         ranks = [self.adapter.deltas[(i, module)][0].shape[0] for i in range(layers)
                  if (i, module) in self.adapter.deltas]  # fmt: skip
         return max(ranks, default=0)
+
+
+class _KernelArgs(NamedTuple):
+    """One layer's adapters as lora_sgmv takes them."""
+
+    a_ptrs: int  # address of the array of A pointers
+    b_ptrs: int
+    widths: torch.Tensor  # int32 rank per adapter and module
+    outs: torch.Tensor  # int32 width of each module's output
+    arrays: tuple  # the ctypes pointer arrays, alive while the kernel may read them
 
 
 class LoRAStep:
@@ -100,19 +161,48 @@ class LoRAStep:
         self.requests = requests  # (adapter, first row, rows): the per-request form only
         counts = [len(rows[n]) for n in self.names]
         width = max(counts)
+        # the C kernel: (adapters, segment starts, rows) per call; one call for the step's
+        # adapters, or one per request (the per-request form)
+        self.kernel_calls: list[tuple[tuple[str, ...], torch.Tensor, torch.Tensor]] = []
+        if owner.kernel:
+            if owner.mode == "per_request":
+                for name, start, n in requests:
+                    ids = list(range(start, start + n))
+                    self.kernel_calls.append(((name,), *_segments([ids])))
+            else:
+                segments = _segments([rows[n] for n in self.names])
+                self.kernel_calls.append((tuple(self.names), *segments))
         # the padded form when padding the groups to the largest costs at most 2x the rows
         self.padded = owner.mode == "batched" and len(counts) * width <= PAD_LIMIT * sum(counts)
-        if self.padded:
+        if self.padded and not owner.kernel:
             index = torch.zeros(len(counts), width, dtype=torch.long)
             valid = torch.zeros(len(counts), width, 1)
             for i, name in enumerate(self.names):
                 index[i, : counts[i]] = torch.as_tensor(rows[name])
                 valid[i, : counts[i]] = 1.0
-            device, dtype = owner.device, owner.dtype
+            device, dtype = owner.device, owner.weight_dtype
             self.index, self.valid = index.flatten().to(device), valid.to(device, dtype)
             self.shape = (len(counts), width)
 
     def add_delta(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: str) -> None:
+        if self.kernel_calls:
+            if x.stride(1) != 1:
+                x = x.contiguous()
+            for names, seg_start, rows in self.kernel_calls:
+                args = self.owner.kernel_args(names, layer, group)
+                if args is not None:
+                    ops.lora_sgmv(
+                        x, y, seg_start, rows, args.a_ptrs, args.b_ptrs, args.widths, args.outs
+                    )
+            return
+        if x.dtype != self.owner.weight_dtype:  # e.g. fp16 adapters beside bf16 activations
+            delta = torch.zeros_like(y, dtype=self.owner.weight_dtype)
+            self._add_delta(delta, x.to(delta.dtype), layer, group)
+            y.add_(delta)
+            return
+        self._add_delta(y, x, layer, group)
+
+    def _add_delta(self, y: torch.Tensor, x: torch.Tensor, layer: int, group: str) -> None:
         if self.padded:
             weights = self.owner.segment_weights(self.names, layer, group)
             if weights is not None:
@@ -144,6 +234,15 @@ class LoRAStep:
             packed = self.owner.adapters[name].weights.get((layer, group))
             if packed is not None:
                 y[start : start + n].addmm_(x[start : start + n] @ packed[0].T, packed[1])
+
+
+def _segments(groups: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's int32 segment starts and row ids of these row groups."""
+    starts = [0]
+    for rows in groups:
+        starts.append(starts[-1] + len(rows))
+    ids = [r for rows in groups for r in rows]
+    return torch.tensor(starts, dtype=torch.int32), torch.tensor(ids, dtype=torch.int32)
 
 
 def _rows(rows: list[int], device: torch.device) -> slice | torch.Tensor:
@@ -178,7 +277,7 @@ class LoRALinear:
 class LoRAModel:
     """The adapters a model serves, and its layers wrapped to apply them."""
 
-    def __init__(self, model, max_loras: int, max_lora_rank: int) -> None:
+    def __init__(self, model, max_loras: int, max_lora_rank: int, lora_dtype: str = "auto") -> None:
         self.model = model
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
@@ -194,7 +293,13 @@ class LoRAModel:
         self._next_id = 1
         method = model.method
         self.device = torch.device(getattr(method, "device", "cpu"))
-        self.dtype = getattr(method, "dtype", torch.float32)
+        self.dtype = getattr(method, "dtype", torch.float32)  # the activations'
+        self.weight_dtype = lora_weight_dtype(lora_dtype, model, self.device)
+        # fp16 adapters beside float32 activations on the CPU: the C kernel does the deltas
+        self.kernel = (
+            self.weight_dtype == torch.float16 and self.device.type == "cpu"
+            and self.dtype == torch.float32 and ops.kernels_available()
+        )  # fmt: skip
         for i, layer in enumerate(model.layers):
             for group in GROUPS:
                 setattr(layer, group, LoRALinear(getattr(layer, group), self, i, group))
@@ -222,7 +327,11 @@ class LoRAModel:
         adapter.lora_id = self._next_id
         self._next_id += 1
         packed = _PackedAdapter(adapter, self.shapes, self.num_layers)
-        self.adapters[adapter.name] = packed.to(self.device, self.dtype)
+        if self.kernel:
+            packed.to_kernel_layout(self.shapes)
+        else:
+            packed.to(self.device, self.weight_dtype)
+        self.adapters[adapter.name] = packed
         self._stacks.clear()
 
     def remove(self, name: str) -> None:
@@ -263,13 +372,45 @@ class LoRAModel:
             self._stacks.popitem(last=False)
         return stack
 
+    def kernel_args(self, names: tuple[str, ...], layer: int, group: str):
+        """These adapters in this layer as the C kernel takes them: (A pointers, B pointers,
+        int32 ranks per adapter and module, int32 module widths); cached per set of
+        adapters. None when none of them targets this layer."""
+        key = ("kernel", names, layer, group)
+        if key in self._stacks:
+            self._stacks.move_to_end(key)
+            return self._stacks[key]
+        modules = GROUPS[group]
+        a_ptrs = (ctypes.c_void_p * len(names))()
+        b_ptrs = (ctypes.c_void_p * len(names))()
+        widths = []
+        for i, name in enumerate(names):
+            packed = self.adapters[name]
+            weights = packed.kernel_weights.get((layer, group))
+            if weights is None:
+                widths += [0] * len(modules)
+                continue
+            a_ptrs[i], b_ptrs[i] = weights[0].data_ptr(), weights[1].data_ptr()
+            widths += packed.widths[group]
+        args = None
+        if any(widths):
+            outs = torch.tensor([self.shapes[m][1] for m in modules], dtype=torch.int32)
+            args = _KernelArgs(
+                ctypes.addressof(a_ptrs), ctypes.addressof(b_ptrs),
+                torch.tensor(widths, dtype=torch.int32), outs, (a_ptrs, b_ptrs),
+            )  # fmt: skip
+        self._stacks[key] = args
+        if len(self._stacks) > _STACK_CACHE * self.num_layers * len(GROUPS):
+            self._stacks.popitem(last=False)
+        return args
+
     def _stack(self, packed: list[_PackedAdapter], layer: int, group: str, widths: list[int]):
         """Every module of the group gets an expand (zeros where the set has no rank for
         it), so the expands' outputs side by side are the layer's whole output."""
         modules = GROUPS[group]
         in_dim = self.shapes[modules[0]][0]
         widths = [max(w, 1) for w in widths]  # a zero-width module: one column of zeros
-        like = {"device": self.device, "dtype": self.dtype}
+        like = {"device": self.device, "dtype": self.weight_dtype}
         a = torch.zeros(len(packed), in_dim, sum(widths), **like)
         parts = []
         col = row = 0

@@ -37,7 +37,7 @@ def model_entry(name: str, adapter: dict, parent: str, created: int) -> dict[str
         "owned_by": "tokenmill",
         "root": adapter["path"],
         "parent": parent,
-        "lora": {"rank": adapter["rank"], "modules": adapter["modules"]},
+        "lora": {"rank": adapter["rank"], "modules": adapter["modules"], "dtype": adapter["dtype"]},
     }
 
 
