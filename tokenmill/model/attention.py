@@ -233,7 +233,7 @@ def attention_with_sinks(q, k, v, mask: torch.Tensor, scale: float, sinks: torch
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(mask)
     sink = sinks.float().expand(*scores.shape[:-1], 1)
     probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-    return torch.matmul(probs, v)
+    return torch.matmul(probs.to(v.dtype), v)
 
 
 class CPUPagedBackend(TorchSDPABackend):

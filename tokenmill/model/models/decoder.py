@@ -10,9 +10,9 @@ import torch
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
 from tokenmill.model.linear import FloatMethod
-from tokenmill.model.llama import dense_table
-from tokenmill.model.models.layers import SelfAttention, norm_weight, rms_norm
+from tokenmill.model.models.layers import SelfAttention
 from tokenmill.model.models.moe import Routing, SparseMoE, dense_or_sparse, softmax_topk
+from tokenmill.model.models.norms import norm_weight, rms_norm
 from tokenmill.model.models.rope import FamilyRotary, build_rotary
 from tokenmill.model.packed import PackedWeight
 
@@ -21,14 +21,14 @@ class DecoderLayer:
     def __init__(self, model: DecoderModel, weights: dict, layer: int) -> None:
         cfg, method = model.config, model.method
         prefix = f"model.layers.{layer}."
-        off = model.norm_offset
+        off, fp32 = model.norm_offset, model.fp32_norms
 
         def norm(name: str) -> torch.Tensor:
-            return norm_weight(weights.pop(prefix + name), off)
+            return norm_weight(method, weights.pop(prefix + name), off, fp32)
 
         rope = model.local_rope if cfg.layer_window(layer) and model.local_rope else model.rope
         self.self_attn = SelfAttention(
-            cfg, weights, prefix + "self_attn.", method, layer, rope, off
+            cfg, weights, prefix + "self_attn.", method, layer, rope, off, fp32
         )
         self.mlp = dense_or_sparse(
             cfg, weights, prefix + "mlp.", method, layer, model.routing, model.expert_factory()
@@ -68,8 +68,10 @@ class DecoderModel:
     compute_logits, greedy_tokens; `config`, `method`, `embed_tokens`, `norm`, `lm_head`."""
 
     norm_offset = 0.0  # Gemma's norms scale by (1 + w)
+    fp32_norms = False  # Gemma, GPT-OSS: norms scale in float32 and round once (norms.py)
     sandwich_norms = False  # Gemma's pre/post feed-forward norms and post-attention norm
     scale_embeddings = False  # Gemma: embeddings times sqrt(hidden_size)
+    cuda_graph_safe = True  # decode steps may replay CUDA graphs (not with experts)
 
     def __init__(
         self,
@@ -84,18 +86,29 @@ class DecoderModel:
         self.routing = self.routing_for(cfg)
         weights = self.normalize_weights(dict(weights))
         embed = weights.pop("model.embed_tokens.weight")
-        self.embed_tokens = dense_table(embed, method.prefetch)
-        self.embed_scale = cfg.hidden_size**0.5 if self.scale_embeddings else None
-        self.rope = build_rotary(cfg, max_positions, None, cfg.rope_scaling, rope_freq_factors)
+        self.embed_tokens = method.table(embed)  # on the method's device, in its dtype
+        self.embed_scale = None  # rounded to the dtype, as transformers does
+        if self.scale_embeddings:
+            self.embed_scale = torch.tensor(
+                cfg.hidden_size**0.5, dtype=method.dtype, device=method.device
+            )
+        device = method.device
+        self.rope = build_rotary(
+            cfg, max_positions, None, cfg.rope_scaling, rope_freq_factors, device
+        )
         self.local_rope: FamilyRotary | None = None
         if cfg.rope_local_theta is not None:
-            self.local_rope = build_rotary(cfg, max_positions, cfg.rope_local_theta)
+            self.local_rope = build_rotary(cfg, max_positions, cfg.rope_local_theta, device=device)
         self.layers = [DecoderLayer(self, weights, i) for i in range(cfg.num_hidden_layers)]
-        self.norm = norm_weight(weights.pop("model.norm.weight"), self.norm_offset)
+        self.norm = norm_weight(
+            method, weights.pop("model.norm.weight"), self.norm_offset, self.fp32_norms
+        )
         lm_head = weights.pop("lm_head.weight", None)
         if lm_head is None or cfg.tie_word_embeddings:
             lm_head = embed if isinstance(embed, PackedWeight) else self.embed_tokens
-        self.lm_head = method.linear(lm_head)
+        self.lm_head = method.lm_head(lm_head)
+        # CUDA graphs replay fixed shapes: the experts' row counts are read on the host
+        self.cuda_graph_safe = not any(isinstance(x.mlp, SparseMoE) for x in self.layers)
         leftover = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
         if leftover:
             raise ValueError(f"unused weights in checkpoint: {leftover[:5]}")
@@ -122,7 +135,7 @@ class DecoderModel:
     ) -> torch.Tensor:
         hidden = self.embed_tokens[input_ids]
         if self.embed_scale is not None:
-            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+            hidden = hidden * self.embed_scale
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(hidden, positions, attn, kv_cache, meta)
         return hidden

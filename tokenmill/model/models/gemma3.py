@@ -20,6 +20,7 @@ _VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
 
 class Gemma3ForCausalLM(DecoderModel):
     norm_offset = 1.0
+    fp32_norms = True
     sandwich_norms = True
     scale_embeddings = True
 

@@ -46,6 +46,8 @@ def _split_experts(prefix: str, kind: str, bias: bool, w: torch.Tensor, out: dic
 
 
 class GptOssForCausalLM(DecoderModel):
+    fp32_norms = True  # its RMSNorm scales in float32, then rounds
+
     def normalize_weights(self, weights: dict) -> dict:
         for name in [n for n in weights if n.endswith("_blocks")]:
             base = name[: -len("_blocks")]

@@ -1,7 +1,8 @@
 """Building blocks of the decoder families in models/: RMSNorm, self-attention (fused or
 separate q/k/v, biases, q/k norms, partial rotary, per-layer window, scale and sinks) and the
 gated MLP. Weights arrive in Hugging Face naming and become layers through the linear
-method (method.linear), which places and packs them; activations are float32."""
+method (method.linear), which places and packs them; activations are float32 on the CPU,
+the device method's dtype on a device."""
 
 from __future__ import annotations
 
@@ -10,27 +11,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from tokenmill.kernels import ops
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
 from tokenmill.model.linear import FloatMethod
+from tokenmill.model.models.norms import fp32_param, head_norm, norm_weight
 from tokenmill.model.packed import as_float, cat_rows
 from tokenmill.model.rotary import RotaryEmbedding
 
 Take = Callable[[str], torch.Tensor]  # pops one weight by its name under a prefix
-
-
-def rms_norm(method: FloatMethod, x: torch.Tensor, weight: torch.Tensor, eps: float):
-    """RMSNorm over the last dim in float32 (the native kernel on 2-D rows)."""
-    if method.native and x.dim() == 2 and x.shape[1] == weight.shape[0]:
-        return ops.rmsnorm(x, weight, eps)
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-def norm_weight(weight, offset: float = 0.0) -> torch.Tensor:
-    """A norm's weight in float32; Gemma's norms scale by (1 + w): offset 1."""
-    w = as_float(weight).float()
-    return (w + offset).contiguous() if offset else w.contiguous()
 
 
 def optional(weights: dict, name: str):
@@ -47,6 +35,7 @@ class SelfAttention:
         layer: int,
         rope: RotaryEmbedding,
         norm_offset: float = 0.0,
+        fp32_norms: bool = False,
     ) -> None:
         fused = weights.pop(prefix + "qkv_proj.weight", None)
         if fused is None:
@@ -61,10 +50,11 @@ class SelfAttention:
         )
         self.q_norm = self.k_norm = None
         if cfg.qk_norm is not None:
-            self.q_norm = norm_weight(weights.pop(prefix + "q_norm.weight"), norm_offset)
-            self.k_norm = norm_weight(weights.pop(prefix + "k_norm.weight"), norm_offset)
+            for name in ("q_norm", "k_norm"):
+                w = weights.pop(f"{prefix}{name}.weight")
+                setattr(self, name, norm_weight(method, w, norm_offset, fp32_norms))
         sinks = optional(weights, prefix + "sinks")
-        self.sinks = None if sinks is None else as_float(sinks).float().contiguous()
+        self.sinks = None if sinks is None else fp32_param(method, sinks)
         self.qk_norm, self.eps, self.clip = cfg.qk_norm, cfg.rms_norm_eps, cfg.clip_qkv
         self.rope = rope
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -88,14 +78,10 @@ class SelfAttention:
             qkv = qkv.clamp(-self.clip, self.clip)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=1)
         if self.qk_norm == "proj":  # OLMoE: one norm over all heads
-            q, k = (
-                F.rms_norm(q, (self.q_size,), self.q_norm, self.eps),
-                F.rms_norm(k, (self.kv_size,), self.k_norm, self.eps),
-            )
+            q, k = head_norm(q, self.q_norm, self.eps), head_norm(k, self.k_norm, self.eps)
         q, k = q.reshape(t, self.num_heads, hd), k.reshape(t, self.num_kv_heads, hd)
         if self.qk_norm == "head":
-            q = F.rms_norm(q, (hd,), self.q_norm, self.eps)
-            k = F.rms_norm(k, (hd,), self.k_norm, self.eps)
+            q, k = head_norm(q, self.q_norm, self.eps), head_norm(k, self.k_norm, self.eps)
         q, k = self.rope.apply(positions, q), self.rope.apply(positions, k)
         v = v.reshape(t, self.num_kv_heads, hd)
         layer_attn = attn.for_layer(self.window, self.scale, self.sinks)

@@ -2,7 +2,11 @@
 grouped by expert (sorted once per step) and each expert runs one matmul over all of its
 tokens, the outputs scattered back weighted by the routing weights. Routing as each family
 defines it: softmax then top-k, renormalised or not (Mixtral, Qwen3-MoE, OLMoE), or top-k
-then softmax over the chosen logits (GPT-OSS). Counts tokens per expert for /metrics."""
+then softmax over the chosen logits (GPT-OSS). Counts tokens per expert for /metrics.
+
+On a device the experts' weights live there in the method's dtype (FP8 where the method makes
+its layers FP8; the router stays in the dtype); a step reads the experts' row counts on the
+host once per MoE layer to slice the grouped rows, so MoE steps run eagerly (no CUDA graph)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from tokenmill.model.arch_config import ArchConfig
+from tokenmill.model.device_method import DeviceLinear, DeviceMethod
 from tokenmill.model.linear import FloatMethod
 from tokenmill.model.models.layers import GatedMLP
 from tokenmill.model.packed import as_float, cat_rows
@@ -35,6 +40,14 @@ def topk_softmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     """The k largest logits, softmax over them (GPT-OSS)."""
     top, ids = torch.topk(logits.float(), k, dim=-1)
     return torch.softmax(top, dim=-1), ids
+
+
+def router_linear(method: FloatMethod, weight, bias):
+    """The router's layer: the method's own on the CPU; on a device in the method's dtype
+    (FP8 checkpoints keep their routers unquantized, and few expert counts divide by 16)."""
+    if isinstance(method, DeviceMethod):
+        return DeviceLinear(weight, bias, method.device, method.dtype)
+    return method.linear(weight, bias)
 
 
 class ClampedSwiGLUExpert:
@@ -76,13 +89,15 @@ class SparseMoE:
         expert: Callable[[dict, str], Callable[[torch.Tensor], torch.Tensor]] | None = None,
     ) -> None:
         self.method = method
-        self.gate = method.linear(
-            weights.pop(prefix + "gate.weight"), weights.pop(prefix + "gate.bias", None)
+        self.gate = router_linear(
+            method, weights.pop(prefix + "gate.weight"), weights.pop(prefix + "gate.bias", None)
         )
         make = expert or (lambda w, p: GatedMLP(w, p, method, cfg.hidden_act))
         self.experts = [make(weights, f"{prefix}experts.{e}.") for e in range(cfg.num_experts)]
         self.top_k, self.routing = cfg.num_experts_per_tok, routing
-        self.tokens_per_expert = torch.zeros(cfg.num_experts, dtype=torch.int64)
+        self.tokens_per_expert = torch.zeros(
+            cfg.num_experts, dtype=torch.int64, device=method.device
+        )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] float32, expert ids [T, k])."""
@@ -97,7 +112,7 @@ class SparseMoE:
         self.tokens_per_expert += counts
         grouped = x[order // k]  # each expert's rows, contiguous
         outs, start = [], 0
-        for e, n in enumerate(counts.tolist()):
+        for e, n in enumerate(counts.tolist()):  # the step's one host sync in this layer
             if n:
                 outs.append(self.experts[e](grouped[start : start + n]))
                 start += n

@@ -15,11 +15,17 @@ class FamilyRotary(RotaryEmbedding):
     """cos/sin tables [max_positions, rotary_dim / 2] (rows may come from different
     frequencies: LongRoPE), applied to the first rotary_dim dims of each head."""
 
-    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> None:
+    def __init__(
+        self,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        head_dim: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.head_dim = head_dim
         self.rotary_dim = 2 * cos.shape[1]
-        self.cos = cos.contiguous()
-        self.sin = sin.contiguous()
+        self.cos = cos.contiguous().to(device)
+        self.sin = sin.contiguous().to(device)
 
     def apply(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if self.rotary_dim == self.head_dim:
@@ -77,8 +83,10 @@ def build_rotary(
     theta: float | None = None,
     scaling: RopeScaling | None = None,
     freq_factors: torch.Tensor | None = None,
+    device: torch.device | str = "cpu",
 ) -> FamilyRotary:
-    """The rotary tables of one layer kind (`theta`: its base, the config's by default)."""
+    """The rotary tables of one layer kind (`theta`: its base, the config's by default),
+    computed in float32 on the CPU and kept on `device`."""
     dim = cfg.rotary_dim
     theta = cfg.rope_theta if theta is None else theta
     positions = torch.arange(max_positions)
@@ -104,4 +112,4 @@ def build_rotary(
             cos[cut:], sin[cut:] = _tables(long, positions[cut:], attention)
     else:
         cos, sin = _tables(rope_inv_freq(dim, theta, scaling, freq_factors), positions)
-    return FamilyRotary(cos, sin, cfg.head_dim)
+    return FamilyRotary(cos, sin, cfg.head_dim, device)
