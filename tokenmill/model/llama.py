@@ -81,6 +81,8 @@ class LlamaLayer:
 
 
 class LlamaForCausalLM:
+    cuda_graph_safe = True  # decode steps may replay CUDA graphs
+
     def __init__(
         self,
         cfg: ArchConfig,

@@ -163,8 +163,11 @@ class ModelRunner:
         return self.model.forward(inp.input_ids, inp.positions, self.kv_caches, self.attn, meta)
 
     def capture_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
-        """Decode steps from now on replay CUDA graphs (Triton attention on a GPU only)."""
+        """Decode steps from now on replay CUDA graphs (Triton attention on a GPU only, for
+        models whose steps have fixed shapes: not the mixture-of-experts families)."""
         if self.device.type != "cuda" or self.attn.name != "triton":
+            return
+        if not getattr(self.model, "cuda_graph_safe", True):
             return
         from tokenmill.worker.cuda_graphs import CUDAGraphRunner
 

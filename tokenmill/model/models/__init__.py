@@ -42,10 +42,4 @@ def build_model(
     cls = MODEL_REGISTRY.get(cfg.architecture)
     if cls is None:
         raise ValueError(f"architecture: no model for {cfg.architecture!r}")
-    device = getattr(method, "device", torch.device("cpu"))
-    if device.type != "cpu" and cls is not LlamaForCausalLM:
-        raise ValueError(
-            f"device: {cfg.architecture} runs on the CPU; on {device.type} this release serves "
-            "the Llama family (Llama, Mistral, Qwen2)"
-        )
     return cls(cfg, weights, max_positions, method, rope_freq_factors)
