@@ -93,7 +93,8 @@ def _to(device, *tensors):
     return [t.to(device) for t in tensors]
 
 
-def _run(seqs, heads, kv_heads, head_dim, page, dtype, window=None, splits=1, seed=0, sinks=None):
+def _run(seqs, heads, kv_heads, head_dim, page, dtype, window=None, splits=1, seed=0, sinks=None,
+         scale=None):  # fmt: skip
     q, k, v, kc, vc, meta, slots, fk, fv = _build(
         seqs, heads, kv_heads, head_dim, page, dtype, seed
     )
@@ -104,7 +105,7 @@ def _run(seqs, heads, kv_heads, head_dim, page, dtype, window=None, splits=1, se
         meta.max_seq_len,
     )
     write_kv(k, v, kc, vc, slots)
-    scale = head_dim**-0.5
+    scale = head_dim**-0.5 if scale is None else scale
     dev_sinks = None if sinks is None else sinks.to(DEVICE)
     out = paged_attention(q, kc, vc, meta, scale, window, splits, sinks=dev_sinks)
     ref = _reference(q.cpu(), seqs, fk, fv, scale, window, sinks)
@@ -156,6 +157,18 @@ def test_attention_sinks(splits):
     sinks = torch.linspace(-2.0, 3.0, 8)
     _run([(40, 1), (0, 21), (70, 4)], 8, 2, 32, 16, torch.float32, splits=splits, sinks=sinks)
     _run([(40, 1), (300, 1)], 8, 2, 32, 16, torch.float32, window=64, splits=splits, sinks=sinks)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_family_layer_parameters(splits):
+    """Gemma 3's softmax scale from query_pre_attn_scalar (not head_dim) on its sliding and
+    global layers, and GPT-OSS's sinks on windowed and full layers: per-layer launch
+    parameters of the one kernel."""
+    seqs = [(30, 1), (0, 19), (12, 9)] if splits == 1 else [(90, 1), (600, 1)]
+    for window in (6, None):
+        _run(seqs, 4, 2, 16, 8, torch.float32, window=window, splits=splits, scale=24**-0.5)
+        sinks = torch.tensor([0.3, -1.0, 2.0, 0.0])
+        _run(seqs, 4, 2, 16, 8, torch.float32, window=window, splits=splits, sinks=sinks)
 
 
 def test_split_count_fills_the_device_only_for_long_single_row_queries():
