@@ -209,3 +209,20 @@ def test_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path):
     llm = LLM(str(path), kv_cache_memory_gib=0.05, max_num_batched_tokens=64)
     assert llm.engine.core.model.config.architecture == "gemma3"
     check_family(model, llm)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_fused_expert_tensors_load_per_expert(tmp_path, family):
+    """transformers 5's state-dict layout (a layer's experts as 3-D gate_up_proj and
+    down_proj, what --load-format dummy makes) gives transformers' logits."""
+    from safetensors.torch import save_file
+
+    model = make_family_model(family)
+    path = save_hf_folder(model, tmp_path / family)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, str(path / "model.safetensors"))
+    llm = LLM(str(path), kv_cache_memory_gib=0.05)
+    with torch.no_grad():
+        ref = model(torch.tensor([PROMPTS[0]])).logits[0]
+    assert (sequence_logits(llm.engine.core, PROMPTS[0]) - ref).abs().max().item() <= 1e-4

@@ -11,7 +11,13 @@ from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
 from tokenmill.model.linear import FloatMethod
 from tokenmill.model.models.layers import SelfAttention
-from tokenmill.model.models.moe import Routing, SparseMoE, dense_or_sparse, softmax_topk
+from tokenmill.model.models.moe import (
+    Routing,
+    SparseMoE,
+    dense_or_sparse,
+    softmax_topk,
+    split_fused_experts,
+)
 from tokenmill.model.models.norms import norm_weight, rms_norm
 from tokenmill.model.models.rope import FamilyRotary, build_rotary
 from tokenmill.model.packed import PackedWeight
@@ -84,7 +90,7 @@ class DecoderModel:
         self.config = cfg
         self.method = method = method or FloatMethod()
         self.routing = self.routing_for(cfg)
-        weights = self.normalize_weights(dict(weights))
+        weights = split_fused_experts(self.normalize_weights(dict(weights)))
         embed = weights.pop("model.embed_tokens.weight")
         self.embed_tokens = method.table(embed)  # on the method's device, in its dtype
         self.embed_scale = None  # rounded to the dtype, as transformers does

@@ -10,6 +10,7 @@ host once per MoE layer to slice the grouped rows, so MoE steps run eagerly (no 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -21,6 +22,18 @@ from tokenmill.model.models.layers import GatedMLP
 from tokenmill.model.packed import as_float, cat_rows
 
 Routing = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+# transformers 5's state dicts (--load-format dummy): a layer's experts as 3-D tensors
+_FUSED = re.compile(r"(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)")
+
+
+def split_fused_experts(weights: dict) -> dict:
+    """`experts.gate_up_proj` [E, 2I, H] (gate rows first) and `experts.down_proj` [E, H, I]
+    as one weight per expert, `experts.{e}.gate_up_proj.weight` / `.down_proj.weight`."""
+    for name in [n for n in weights if _FUSED.fullmatch(n)]:
+        prefix, kind = _FUSED.fullmatch(name).groups()
+        for e, w in enumerate(weights.pop(name)):
+            weights[f"{prefix}{e}.{kind}.weight"] = w
+    return weights
 
 
 def softmax_topk(renormalize: bool) -> Routing:
