@@ -1,9 +1,13 @@
-"""Parity with transformers on the GPU: the same random weights in a 2-layer Llama-3.1-8B
-shape and a Qwen2.5-7B shape (q/k/v bias, randomized), in fp32 and bf16: per position, the
-logits' relative error and whether the top token agrees, for a 512-token prefill, the same
-prompt in 64-token chunks over cached blocks, and 64 single-token decode steps.
+"""Parity with transformers on the GPU, on the same random weights in 2-layer model shapes.
+
+Shapes: Llama-3.1-8B, Qwen2.5-7B (q/k/v bias, randomized), Qwen3-0.6B (q/k norms) and Qwen3-30B-A3B
+(mixture of experts, 32 of its 128 experts), norm weights randomized, in fp32 and bf16: per
+position, the logits' relative error and whether the top token agrees, for a 512-token
+prefill, the same prompt in 64-token chunks over cached blocks, and 64 single-token decode
+steps.
 
     python benchmarks/gpu/parity.py --out parity.json        (a CUDA device)
+    python benchmarks/gpu/parity.py --shapes qwen3-0.6b-2l   (some of the shapes)
     python benchmarks/gpu/parity.py --device cpu --small     (a smoke run of this script)
 """
 
@@ -22,26 +26,33 @@ from tokenmill import LLM
 from tokenmill.engine.scoring import sequence_logits
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SHAPES = {"llama-3.1-8b-2l": "llama-3.1-8b", "qwen2.5-7b-2l": "qwen2.5-7b"}
+# name -> (shipped config, changes besides 2 layers and the embedded tokenizer's 49,152 ids)
+SHAPES = {
+    "llama-3.1-8b-2l": ("llama-3.1-8b", {}),
+    "qwen2.5-7b-2l": ("qwen2.5-7b", {}),
+    "qwen3-0.6b-2l": ("qwen3-0.6b", {}),
+    "qwen3-30b-a3b-2l-32e": ("qwen3-30b-a3b", {"num_experts": 32}),  # built in seconds
+}
+_SMALL = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, moe_intermediate_size=128)  # fmt: skip
 
 
-def hf_model(config_dir: Path, small: bool):
+def hf_model(config_dir: Path, changes: dict, small: bool):
     import transformers
 
     fields = json.loads((config_dir / "config.json").read_text())
-    # 2 layers and the embedded tokenizer's 49,152 ids; the rest of the shape as shipped
-    fields.update(num_hidden_layers=2, vocab_size=49152)
+    fields.update(num_hidden_layers=2, vocab_size=49152, **changes)
     if small:
-        fields.update(hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=64)  # fmt: skip
+        fields.update({k: v for k, v in _SMALL.items() if k in fields or k == "head_dim"})
     config = transformers.AutoConfig.for_model(**fields)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
-        for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                if proj.bias is not None:
-                    proj.bias.normal_(0, 0.5)
+        for name, p in model.named_parameters():
+            if name.endswith("_proj.bias"):  # q/k/v biases (Qwen2)
+                p.normal_(0, 0.5)
+            elif name.endswith("norm.weight"):  # every norm's scale, q/k norms included
+                p.add_(torch.randn_like(p) * 0.2)
     return model.eval()
 
 
@@ -83,12 +94,15 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--small", action="store_true", help="small hidden sizes (smoke run)")
+    parser.add_argument("--shapes", nargs="*", choices=list(SHAPES), help="default: all")
     args = parser.parse_args()
     prompt = torch.randint(0, 49152, (512,), generator=torch.Generator().manual_seed(1)).tolist()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, config in SHAPES.items():
-            model = hf_model(CONFIGS / config, args.small)
+        for name, (config, changes) in SHAPES.items():
+            if args.shapes and name not in args.shapes:
+                continue
+            model = hf_model(CONFIGS / config, changes, args.small)
             folder = save_hf_folder(model, Path(tmp) / name)
             rows += run_shape(name, model, folder, args.device, prompt)
             del model

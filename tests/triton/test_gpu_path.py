@@ -151,7 +151,13 @@ def test_dummy_weights_serve_a_config_only_folder(tmp_path, tiny):
 
 
 @pytest.mark.parametrize(
-    ("name", "params"), [("llama-3.1-8b", 8_030_261_248), ("qwen2.5-7b", 7_615_616_512)]
+    ("name", "params"),
+    [
+        ("llama-3.1-8b", 8_030_261_248),
+        ("qwen2.5-7b", 7_615_616_512),
+        ("qwen3-0.6b", 596_049_920),  # published: 0.6 B, 0.44 B without the embedding
+        ("qwen3-30b-a3b", 30_532_122_624),  # published: 30.5 B
+    ],
 )
 def test_shipped_benchmark_shapes_have_the_published_parameter_counts(name, params):
     config = json.loads((CONFIGS / name / "config.json").read_text())
