@@ -55,7 +55,21 @@ def test_padded_rows_write_no_kv_and_ask_for_no_keys():
 def test_static_forward_equals_the_eager_forward(tiny_llama_dir, rows):
     """The rows of a padded batch get the eager step's hidden states, and the KV slots they
     write are the eager step's (padding writes none)."""
-    llm = LLM(str(tiny_llama_dir), device=DEVICE, attention_backend="triton",
+    _check_static_forward(tiny_llama_dir, rows)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "phi3"])
+def test_static_forward_of_a_dense_family(tmp_path, family):
+    """The shared decoder (Gemma 3's windows and scaled embeddings, Phi-3's partial rotary)
+    replays as the Llama model does."""
+    from tests.family_models import make_family_model
+    from tests.tiny_models import save_hf_folder
+
+    _check_static_forward(save_hf_folder(make_family_model(family), tmp_path / family), 3)
+
+
+def _check_static_forward(path, rows: int) -> None:
+    llm = LLM(str(path), device=DEVICE, attention_backend="triton",
               weights="float32", num_kv_blocks=128, max_num_seqs=8)  # fmt: skip
     core = llm.engine.core
     runner, model = core.runner, core.model
