@@ -138,6 +138,10 @@ def main() -> None:
             f"{args.adapters} random rank-{args.rank} adapters on q/k/v/o/gate/up/down, "
             f"best of {args.reps}; one offline engine, max_num_seqs {args.users}.",
             f"batched vs per-request loop (CPU time): {batched / per_request:.2f}x.",
+            f"adapter weights: {lora.weight_dtype} ("
+            + ("the C kernel: one call per layer for the step's adapters; the per-request "
+               "loop calls it once per request" if lora.kernel else "torch matmuls")
+            + ").",
         ],
     )  # fmt: skip
 
