@@ -141,7 +141,7 @@ def test_prefix_cache_is_keyed_by_adapter(llm):
 def test_every_form_of_the_deltas_gives_the_same(llm, monkeypatch, form):
     """The padded segment form (the default here), one matmul pair per adapter's rows, and
     the naive loop over requests: the same logprobs."""
-    from tokenmill.model import lora_layers
+    from tokenmill.model import lora_step
 
     tok = llm.get_tokenizer()
     names = [a[0] for a in ADAPTERS] * 3 + [None]
@@ -152,7 +152,7 @@ def test_every_form_of_the_deltas_gives_the_same(llm, monkeypatch, form):
     if form == "per-request loop":
         monkeypatch.setattr(lora, "mode", "per_request")
     else:
-        monkeypatch.setattr(lora_layers, "PAD_LIMIT", 0)
+        monkeypatch.setattr(lora_step, "PAD_LIMIT", 0)
     other = llm.generate(prompts, params, lora_name=names)
     for a, b in zip(padded, other, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids

@@ -16,7 +16,10 @@ import numpy as np
 import torch
 
 # The decoder modules an adapter may target (Hugging Face names).
-LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_MODULES = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    "qkv_proj", "gate_up_proj",  # Phi-3 / Phi-4 store these fused
+)  # fmt: skip
 _PEFT_KEY = re.compile(
     r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[^.]+)?\.weight"
 )
