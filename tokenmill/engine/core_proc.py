@@ -202,7 +202,8 @@ def run_engine_core(
             core.shutdown()
     except Exception as e:
         text = traceback.format_exc()
-        if isinstance(e, ValueError):  # a configuration the core refuses: the message says why
+        if isinstance(e, ValueError | FileNotFoundError):  # refused settings or files: the
+            # message says why
             text = str(e)
             logger.error("engine core refused to start: %s", text)
         else:

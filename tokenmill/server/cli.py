@@ -200,6 +200,16 @@ def _prepare_front_end(config, profile: StartupProfile) -> ModelFiles | None:
     return run_at_low_priority(prepare)
 
 
+async def _unavailable(scope, receive, send) -> None:
+    """503 in the OpenAI envelope for a request that reaches a server whose start failed."""
+    if scope["type"] != "http":
+        return
+    body = b'{"error":{"message":"the server failed to start","type":"unavailable","code":503}}'
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _serve(args, config, settings, client, profile: StartupProfile, files=None) -> bool:
     """Runs the server until it stops; False when it never started (the reason printed).
     `files`: the model's tokenizer and chat template, read already."""
@@ -233,16 +243,20 @@ def _serve(args, config, settings, client, profile: StartupProfile, files=None) 
         )
         engine.observer = metrics
         names = args.served_model_name or [engine.model_name]
-        check_lora_names(config.lora_modules, names)
-        # built while the engine core loads (its routes read the engine's facts when called);
-        # not at a low priority: the gateway's ledger writer starts here and would inherit it
-        app = build_app(engine, names, metrics, settings)
-        profile.mark("build the app")
         try:
+            check_lora_names(config.lora_modules, names)
+            # built while the engine core loads (its routes read the engine's facts when
+            # called); not at a low priority: the gateway's ledger writer starts here and
+            # would inherit it
+            app = build_app(engine, names, metrics, settings)
+            profile.mark("build the app")
             await engine.start()
-        except Exception as e:
+        except Exception as e:  # said once, below, as other CLI errors are: no traceback
             holder_error.append(str(e))
-            raise
+            server.should_exit = True
+            await engine.shutdown()
+            yield
+            return
         metrics.set_weights_kld(engine.engine_info.get("weights_kld"))
         holder["app"] = app
         logger.warning(
@@ -257,6 +271,8 @@ def _serve(args, config, settings, client, profile: StartupProfile, files=None) 
     async def dispatch(scope, receive, send):
         if scope["type"] == "lifespan":
             return await outer(scope, receive, send)
+        if "app" not in holder:  # start-up failed: the server is on its way out
+            return await _unavailable(scope, receive, send)
         return await holder["app"](scope, receive, send)
 
     uv_config = uvicorn.Config(
