@@ -37,6 +37,14 @@ def make_peft_adapter(base_dir: Path, out: Path, rank: int, alpha: int, targets,
     return out
 
 
+def make_peft_adapters(base_dir: Path, root: Path) -> dict[str, Path]:
+    """The ADAPTERS as PEFT folders under root: name -> folder."""
+    return {
+        name: make_peft_adapter(base_dir, root / name, rank, alpha, targets, seed=i)
+        for i, (name, rank, alpha, targets) in enumerate(ADAPTERS)
+    }
+
+
 def write_gguf_lora(peft_dir: Path, out: Path, num_heads: int, num_kv_heads: int) -> Path:
     """The same adapter as llama.cpp's convert_lora_to_gguf.py writes it: general.type
     "adapter", adapter.type "lora", adapter.lora.alpha; blk.N.<tensor>.weight.lora_a/_b,

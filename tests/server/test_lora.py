@@ -12,17 +12,14 @@ import httpx
 import pytest
 import torch
 
-from tests.lora_models import ADAPTERS, make_peft_adapter
+from tests.lora_models import make_peft_adapter, make_peft_adapters
 from tests.server.conftest import start_server
 
 
 @pytest.fixture(scope="module")
 def lora_server(tiny_llama_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("loras")
-    folders = {
-        name: make_peft_adapter(tiny_llama_dir, root / name, rank, alpha, targets, seed=i)
-        for i, (name, rank, alpha, targets) in enumerate(ADAPTERS)
-    }
+    folders = make_peft_adapters(tiny_llama_dir, root)
     loras = [arg for n in ("sql", "poet") for arg in ("--lora", f"{n}={folders[n]}")]
     srv = start_server(
         tmp_path_factory.mktemp("lora-server"), "--model", str(tiny_llama_dir), *loras,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.lora_models import ADAPTERS, make_peft_adapter
+from tests.lora_models import ADAPTERS, make_peft_adapters
 from tests.triton.conftest import DEVICE
 from tokenmill import LLM, SamplingParams
 
@@ -18,10 +18,7 @@ PROMPTS = [list(range(3, 30)), [5, 9, 2, 7, 11, 40], list(range(100, 117)), [8, 
 @pytest.fixture(scope="module")
 def adapters(tiny_llama_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu-loras")
-    return {
-        name: make_peft_adapter(tiny_llama_dir, root / name, rank, alpha, targets, seed=i)
-        for i, (name, rank, alpha, targets) in enumerate(ADAPTERS)
-    }
+    return make_peft_adapters(tiny_llama_dir, root)
 
 
 def _peft_logprobs(base_dir, adapter_dir, ids: list[int], dtype: torch.dtype) -> torch.Tensor:

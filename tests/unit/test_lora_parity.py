@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.lora_models import ADAPTERS, make_peft_adapter, write_gguf_lora
+from tests.lora_models import ADAPTERS, make_peft_adapters, write_gguf_lora
 from tokenmill import LLM, SamplingParams
 
 PROMPTS = [
@@ -23,10 +23,7 @@ TOL = 1e-4
 @pytest.fixture(scope="module")
 def adapters(tiny_llama_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("loras")
-    return {
-        name: make_peft_adapter(tiny_llama_dir, root / name, rank, alpha, targets, seed=i)
-        for i, (name, rank, alpha, targets) in enumerate(ADAPTERS)
-    }
+    return make_peft_adapters(tiny_llama_dir, root)
 
 
 @pytest.fixture(scope="module")
