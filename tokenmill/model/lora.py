@@ -64,7 +64,6 @@ def load_lora(name: str, path: str) -> LoRAAdapter:
 
 
 def _load_peft(name: str, folder: Path) -> LoRAAdapter:
-    from safetensors.torch import load_file
 
     try:
         config = json.loads((folder / "adapter_config.json").read_text())
@@ -80,10 +79,7 @@ def _load_peft(name: str, folder: Path) -> LoRAAdapter:
     ):
         if not ok:
             raise ValueError(f"{key}: {config.get(key)!r} is not supported (plain LoRA only)")
-    weights_file = folder / "adapter_model.safetensors"
-    if not weights_file.exists():
-        raise FileNotFoundError(f"lora_path: {weights_file} is missing")
-    pairs = _pairs(load_file(str(weights_file)), _PEFT_KEY, "AB", lambda m: m)
+    pairs = _pairs(_peft_tensors(folder), _PEFT_KEY, "AB", lambda m: m)
     alpha = float(config.get("lora_alpha", config.get("r", 8)))
     alpha_pattern = config.get("alpha_pattern") or {}
     deltas = {}
@@ -93,6 +89,26 @@ def _load_peft(name: str, folder: Path) -> LoRAAdapter:
         scale = a_alpha / math.sqrt(r) if config.get("use_rslora") else a_alpha / r
         deltas[(layer, module)] = (a.float().contiguous(), (b.float() * scale).contiguous())
     return LoRAAdapter(name, str(folder), deltas)
+
+
+def _peft_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """adapter_model.safetensors, or the older adapter_model.bin (tensors only: loaded with
+    torch's weights_only unpickler, which runs no code from the file)."""
+    from safetensors.torch import load_file
+
+    weights_file = folder / "adapter_model.safetensors"
+    if weights_file.exists():
+        return load_file(str(weights_file))
+    legacy = folder / "adapter_model.bin"
+    if legacy.exists():
+        try:
+            tensors = torch.load(legacy, map_location="cpu", weights_only=True)
+        except Exception as e:  # not a tensor pickle, or one that asks for code
+            raise ValueError(f"adapter_model.bin: not a file of tensors ({e})") from None
+        if not isinstance(tensors, dict):
+            raise ValueError("adapter_model.bin: not a dict of tensors")
+        return tensors
+    raise FileNotFoundError(f"lora_path: {weights_file} is missing")
 
 
 def _pattern_value(patterns: dict, layer: int, module: str, default: float) -> float:
