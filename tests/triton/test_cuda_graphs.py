@@ -58,10 +58,10 @@ def test_static_forward_equals_the_eager_forward(tiny_llama_dir, rows):
     _check_static_forward(tiny_llama_dir, rows)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "phi3"])
-def test_static_forward_of_a_dense_family(tmp_path, family):
-    """The shared decoder (Gemma 3's windows and scaled embeddings, Phi-3's partial rotary)
-    replays as the Llama model does."""
+@pytest.mark.parametrize("family", ["gemma3", "phi3", "qwen3_moe"])
+def test_static_forward_of_the_shared_decoder(tmp_path, family):
+    """The shared decoder (Gemma 3's windows and scaled embeddings, Phi-3's partial rotary,
+    Qwen3-MoE's grouped experts: no host sync) replays as the Llama model does."""
     from tests.family_models import make_family_model
     from tests.tiny_models import save_hf_folder
 

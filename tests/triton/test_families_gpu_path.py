@@ -77,9 +77,15 @@ def test_weights_live_on_the_device_in_its_dtype(family):
     assert layer.self_attn.qkv_proj.weight.dtype == torch.bfloat16
     assert layer.self_attn.rope.cos.device.type == torch.device(DEVICE).type
     moe = [x.mlp for x in model.layers if isinstance(x.mlp, SparseMoE)]
-    for mlp in moe:
-        assert mlp.experts[0].down_proj.weight.device.type == torch.device(DEVICE).type
-    assert model.cuda_graph_safe is not bool(moe)
+    for mlp in moe:  # grouped: the experts' weights are views of the one stacked copy
+        assert mlp.grouped is not None
+        assert mlp.experts[1].down_proj.weight.data_ptr() == mlp.grouped.down[1].data_ptr()
+        assert mlp.grouped.down.device.type == torch.device(DEVICE).type
+    assert model.cuda_graph_safe  # no host sync in a step, experts included
+    if moe:  # FP8 experts run one at a time, reading their row counts on the host
+        fp8 = build_model(files.arch, files.weights, 256, DeviceMethod(DEVICE, torch.float32, True))
+        assert all(x.mlp.grouped is None for x in fp8.layers if isinstance(x.mlp, SparseMoE))
+        assert not fp8.cuda_graph_safe
 
 
 def test_fp32_on_the_triton_backend_matches_transformers(family):

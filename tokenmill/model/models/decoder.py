@@ -113,8 +113,11 @@ class DecoderModel:
         if lm_head is None or cfg.tie_word_embeddings:
             lm_head = embed if isinstance(embed, PackedWeight) else self.embed_tokens
         self.lm_head = method.lm_head(lm_head)
-        # CUDA graphs replay fixed shapes: the experts' row counts are read on the host
-        self.cuda_graph_safe = not any(isinstance(x.mlp, SparseMoE) for x in self.layers)
+        # CUDA graphs replay fixed shapes: experts run one at a time read their row counts
+        # on the host (grouped experts do not)
+        self.cuda_graph_safe = not any(
+            isinstance(x.mlp, SparseMoE) and x.mlp.grouped is None for x in self.layers
+        )
         leftover = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
         if leftover:
             raise ValueError(f"unused weights in checkpoint: {leftover[:5]}")

@@ -110,6 +110,9 @@ class GatedMLP:
         self.gate_up_proj = method.linear(fused)
         self.down_proj = method.linear(weights.pop(prefix + "down_proj.weight"))
 
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return gated_activation(self.method, gate_up, self.act)
+
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         gate_up = self.gate_up_proj(self.method.activation(x))
-        return self.down_proj(gated_activation(self.method, gate_up, self.act), residual=residual)
+        return self.down_proj(self.activate(gate_up), residual=residual)

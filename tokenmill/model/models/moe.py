@@ -4,9 +4,10 @@ tokens, the outputs scattered back weighted by the routing weights. Routing as e
 defines it: softmax then top-k, renormalised or not (Mixtral, Qwen3-MoE, OLMoE), or top-k
 then softmax over the chosen logits (GPT-OSS). Counts tokens per expert for /metrics.
 
-On a device the experts' weights live there in the method's dtype (FP8 where the method makes
-its layers FP8; the router stays in the dtype); a step reads the experts' row counts on the
-host once per MoE layer to slice the grouped rows, so MoE steps run eagerly (no CUDA graph)."""
+On a device the experts' weights live there in the method's dtype (the router stays in the
+dtype): bf16 / fp32 experts run as two grouped matmuls per layer with no host sync
+(moe_grouped.py), so MoE decode steps replay CUDA graphs; FP8 experts (and the CPU's) run
+one expert at a time, reading the experts' row counts on the host once per MoE layer."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.device_method import DeviceLinear, DeviceMethod
 from tokenmill.model.linear import FloatMethod
 from tokenmill.model.models.layers import GatedMLP
+from tokenmill.model.models.moe_grouped import GroupedExperts
 from tokenmill.model.packed import as_float, cat_rows
 
 Routing = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
@@ -79,13 +81,15 @@ class ClampedSwiGLUExpert:
         )
         self.limit, self.alpha = cfg.swiglu_limit, cfg.swiglu_alpha
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(self.method.activation(x))
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         half = gate_up.shape[1] // 2
         gate = gate_up[:, :half].clamp(max=self.limit)
         up = gate_up[:, half:].clamp(-self.limit, self.limit)
-        act = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
-        return self.down_proj(self.method.activation(act))
+        return self.method.activation((up + 1) * (gate * torch.sigmoid(gate * self.alpha)))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(self.method.activation(x))
+        return self.down_proj(self.activate(gate_up))
 
 
 class SparseMoE:
@@ -111,6 +115,8 @@ class SparseMoE:
         self.tokens_per_expert = torch.zeros(
             cfg.num_experts, dtype=torch.int64, device=method.device
         )
+        # on a device: every expert in two grouped matmuls, no host sync (moe_grouped.py)
+        self.grouped = GroupedExperts.build(self.experts, method)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] float32, expert ids [T, k])."""
@@ -121,15 +127,20 @@ class SparseMoE:
         t, k = ids.shape
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
-        counts = torch.bincount(flat, minlength=len(self.experts))
+        counts = torch.zeros_like(self.tokens_per_expert).scatter_add_(
+            0, flat, torch.ones_like(flat)
+        )  # no host sync (bincount reads its largest value on the host)
         self.tokens_per_expert += counts
         grouped = x[order // k]  # each expert's rows, contiguous
-        outs, start = [], 0
-        for e, n in enumerate(counts.tolist()):  # the step's one host sync in this layer
-            if n:
-                outs.append(self.experts[e](grouped[start : start + n]))
-                start += n
-        ys = torch.cat(outs) if len(outs) > 1 else outs[0]
+        if self.grouped is not None:
+            ys = self.grouped(grouped, flat[order], counts)
+        else:
+            outs, start = [], 0
+            for e, n in enumerate(counts.tolist()):  # the step's one host sync in this layer
+                if n:
+                    outs.append(self.experts[e](grouped[start : start + n]))
+                    start += n
+            ys = torch.cat(outs) if len(outs) > 1 else outs[0]
         unsorted = torch.empty_like(ys)
         unsorted[order] = ys  # back to (token, slot) order: one scatter, not one per expert
         slot_weights = weights.to(x.dtype).unsqueeze(-1)
