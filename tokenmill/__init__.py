@@ -16,6 +16,8 @@ __all__ = [
     "CompletionOutput",
     "Logprob",
     "RequestOutputKind",
+    "PoolingParams",
+    "EmbeddingRequestOutput",
     "__version__",
 ]
 
@@ -26,11 +28,14 @@ _LAZY = {
     "RequestOutput": "tokenmill.outputs",
     "CompletionOutput": "tokenmill.outputs",
     "Logprob": "tokenmill.outputs",
+    "EmbeddingRequestOutput": "tokenmill.outputs",
+    "PoolingParams": "tokenmill.pooling_params",
 }
 
 if TYPE_CHECKING:
     from tokenmill.engine.llm import LLM
-    from tokenmill.outputs import CompletionOutput, Logprob, RequestOutput
+    from tokenmill.outputs import CompletionOutput, EmbeddingRequestOutput, Logprob, RequestOutput
+    from tokenmill.pooling_params import PoolingParams
     from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
 

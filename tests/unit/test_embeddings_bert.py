@@ -29,7 +29,7 @@ def test_bert_equals_sentence_transformers(tmp_path, pooling):
     make_bert_folder(folder, pooling)
     reference = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_tensor=True)
     llm = LLM(str(folder), kv_cache_memory_gib=0.02)
-    vectors = torch.tensor(llm.embed(TEXTS))
+    vectors = torch.tensor([o.outputs.embedding for o in llm.embed(TEXTS)])
     assert F.cosine_similarity(vectors, reference.float()).min() >= 0.99999
     assert torch.allclose(vectors.norm(dim=1), torch.ones(len(TEXTS)), atol=1e-5)
 
@@ -42,8 +42,9 @@ def test_bert_equals_transformers_pooling(tmp_path):
     llm = LLM(str(folder), kv_cache_memory_gib=0.02, max_num_seqs=64)
     tok = llm.get_tokenizer()
     texts = TEXTS * 8  # 40 prompts: several steps' worth, batched
-    mean = torch.tensor(llm.embed(texts))
-    cls = torch.tensor(llm.embed(texts, PoolingParams(pooling_type="CLS", normalize=False)))
+    mean = torch.tensor([o.outputs.embedding for o in llm.embed(texts)])
+    cls_outs = llm.embed(texts, PoolingParams(pooling_type="CLS", normalize=False))
+    cls = torch.tensor([o.outputs.embedding for o in cls_outs])
     for i, text in enumerate(texts):
         ids = tok.encode(text)
         assert ids[0] == 2 and ids[-1] == 3  # [CLS] ... [SEP]
@@ -60,4 +61,4 @@ def test_bert_refuses_generation(tmp_path):
     llm = LLM(str(folder), kv_cache_memory_gib=0.02)
     with pytest.raises(ValueError, match="encoder"):
         llm.generate(["hello"], SamplingParams(max_tokens=2))
-    assert len(llm.embed(["hello"])[0]) == 48  # still serving
+    assert llm.embed(["hello"])[0].outputs.hidden_size == 48  # still serving

@@ -45,8 +45,10 @@ def _cos(a, b) -> float:
 def test_decoder_pooling_equals_transformers(hf_and_llm, kind):
     hf, llm = hf_and_llm
     tok = llm.get_tokenizer()
-    vectors = llm.embed(PROMPTS, PoolingParams(pooling_type=kind))  # 32-token chunks
-    for prompt, vector in zip(PROMPTS, vectors, strict=True):
+    outs = llm.embed(PROMPTS, PoolingParams(pooling_type=kind))  # 32-token chunks
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        vector = out.outputs.embedding  # vLLM's shape
+        assert out.prompt_token_ids == tok.encode(prompt) and out.finished
         ref = _reference(hf, tok.encode(prompt), kind)
         assert len(vector) == ref.shape[0]
         assert _cos(vector, ref) >= 0.99999
@@ -56,9 +58,9 @@ def test_decoder_pooling_equals_transformers(hf_and_llm, kind):
 def test_default_is_last_token_and_dimensions_cut(hf_and_llm):
     hf, llm = hf_and_llm
     ids = llm.get_tokenizer().encode(PROMPTS[0])
-    (full,) = llm.embed([ids])
+    full = llm.embed([ids])[0].outputs.embedding
     assert _cos(full, _reference(hf, ids, "LAST")) >= 0.99999
-    (cut,) = llm.embed([ids], PoolingParams(dimensions=16))
+    cut = llm.embed([ids], PoolingParams(dimensions=16))[0].outputs.embedding
     expected = F.normalize(torch.tensor(full)[:16], dim=0)
     assert torch.allclose(torch.tensor(cut), expected, atol=1e-6)
 
@@ -83,7 +85,7 @@ def test_pooling_beside_generation_and_cache_hits(hf_and_llm):
     assert len(results["gen"].outputs[0].token_ids) == 5
     assert results["emb"].outputs[0].token_ids == []
     assert _cos(results["emb"].pooled, _reference(hf, ids, "MEAN")) >= 0.99999
-    again = llm.embed([ids], PoolingParams(pooling_type="MEAN"))[0]
+    again = llm.embed([ids], PoolingParams(pooling_type="MEAN"))[0].outputs.embedding
     assert _cos(again, _reference(hf, ids, "MEAN")) >= 0.99999
 
 
@@ -120,7 +122,7 @@ def test_folder_pooling_config_is_the_default(tiny_llama_dir, tmp_path):
     hf = transformers.AutoModel.from_pretrained(folder).float().eval()
     llm = LLM(str(folder), kv_cache_memory_gib=0.05)
     ids = llm.get_tokenizer().encode(PROMPTS[1])
-    (vector,) = llm.embed([ids])
+    vector = llm.embed([ids])[0].outputs.embedding
     assert _cos(vector, _reference(hf, ids, "MEAN")) >= 0.99999
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from tokenmill.engine.arg_utils import EngineArgs
 from tokenmill.engine.processor import PromptType
-from tokenmill.outputs import RequestOutput
+from tokenmill.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
 
@@ -132,8 +132,9 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         pooling_params: PoolingParams | None = None,
-    ) -> list[list[float]]:
-        """One pooled vector per prompt (vLLM's LLM.embed), batched through the scheduler."""
+    ) -> list[EmbeddingRequestOutput]:
+        """One pooled vector per prompt, batched through the scheduler (vLLM's LLM.embed:
+        `outs[i].outputs.embedding`)."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
         ):
@@ -150,12 +151,14 @@ class LLM:
             for rid in ids:
                 engine.abort_request(rid)
             raise
-        vectors: dict[str, list[float]] = {}
+        done: dict[str, EmbeddingRequestOutput] = {}
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if out.finished:
                     if out.pooled is None:
                         reason = out.outputs[0].stop_reason if out.outputs else None
                         raise RuntimeError(f"request {out.request_id} failed: {reason}")
-                    vectors[out.request_id] = out.pooled
-        return [vectors[rid] for rid in ids]
+                    done[out.request_id] = EmbeddingRequestOutput(
+                        out.request_id, out.prompt_token_ids, EmbeddingOutput(out.pooled)
+                    )
+        return [done[rid] for rid in ids]
