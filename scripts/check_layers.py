@@ -22,7 +22,7 @@ MAX_FUNCTION_LINES = 100
 
 _TYPES = {
     "sampling_params", "pooling_params", "structured.spec", "outputs", "messages", "stats",
-    "request",
+    "request", "lora_request",
 }  # fmt: skip
 _FOUNDATION = {"version", "platform", "cache_dirs", "ports", "console", "config_file", "envs"}
 _CONFIG = {"config", "quant.plan", "quant.schemes", "quant.groups"}
@@ -47,6 +47,7 @@ LAYERS: dict[str, set[str]] = {
     "structured.spec": set(),
     "sampling_params": {"structured.spec"},
     "pooling_params": set(),
+    "lora_request": set(),
     "outputs": set(),
     "stats": set(),
     "messages": {"sampling_params", "pooling_params", "stats"},
@@ -94,7 +95,7 @@ LAYERS: dict[str, set[str]] = {
 }
 _EVERYTHING = set(LAYERS)
 LAYERS["cli"] = _EVERYTHING - {"cli"}
-LAYERS[""] = {"version", "engine", "outputs", "sampling_params"}
+LAYERS[""] = {"version", "engine", "outputs", "sampling_params", "pooling_params", "lora_request"}
 
 
 def modules() -> Iterator[tuple[str, Path]]:

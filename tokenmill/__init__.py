@@ -18,6 +18,7 @@ __all__ = [
     "RequestOutputKind",
     "PoolingParams",
     "EmbeddingRequestOutput",
+    "LoRARequest",
     "__version__",
 ]
 
@@ -30,10 +31,12 @@ _LAZY = {
     "Logprob": "tokenmill.outputs",
     "EmbeddingRequestOutput": "tokenmill.outputs",
     "PoolingParams": "tokenmill.pooling_params",
+    "LoRARequest": "tokenmill.lora_request",
 }
 
 if TYPE_CHECKING:
     from tokenmill.engine.llm import LLM
+    from tokenmill.lora_request import LoRARequest
     from tokenmill.outputs import CompletionOutput, EmbeddingRequestOutput, Logprob, RequestOutput
     from tokenmill.pooling_params import PoolingParams
     from tokenmill.sampling_params import RequestOutputKind, SamplingParams

@@ -270,3 +270,22 @@ def test_a_request_whose_adapter_must_wait_does_not_hold_back_the_queue(tiny_lla
     assert any(c in step for step in steps[1:])
     (alone,) = llm.generate([prompts[2]], params, lora_name=c)
     assert outs[2].outputs[0].token_ids == alone.outputs[0].token_ids
+
+
+def test_vllm_lora_request_loads_on_first_use(tiny_llama_dir, adapters, tmp_path):
+    """vLLM's offline form: LLM(enable_lora=True) and generate(..., lora_request=...)."""
+    from tokenmill import LoRARequest
+
+    llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.05, enable_lora=True, max_lora_rank=16)
+    tok = llm.get_tokenizer()
+    ids = tok.encode(PROMPTS[1])
+    params = SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=5, logprobs=5)
+    request = LoRARequest("poet", 1, str(adapters["poet"]))
+    out = llm.generate([ids], params, lora_request=request)[0]
+    _check(out, _reference(tiny_llama_dir, adapters["poet"], ids), ids)
+    mixed = llm.generate([ids, ids], params, lora_request=[None, request])  # loaded once
+    assert mixed[1].outputs[0].token_ids == out.outputs[0].token_ids
+    assert list(llm.engine.core.lora.model.adapters) == ["poet"]
+    bare = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.05)
+    with pytest.raises(ValueError, match="enable_lora"):
+        bare.generate([ids], params, lora_request=request)

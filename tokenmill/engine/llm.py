@@ -8,6 +8,7 @@ from typing import Any
 
 from tokenmill.engine.arg_utils import EngineArgs
 from tokenmill.engine.processor import PromptType
+from tokenmill.lora_request import LoRARequest
 from tokenmill.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import RequestOutputKind, SamplingParams
@@ -40,8 +41,10 @@ class LLM:
         priority: Sequence[int] | None = None,
         use_progress: bool = False,
         lora_name: str | Sequence[str | None] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """`lora_name`: the LoRA adapter of every prompt, or one per prompt (None: the base)."""
+        """`lora_name`: the LoRA adapter of every prompt, or one per prompt (None: the base);
+        or vLLM's `lora_request` (loaded on first use)."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
         ):
@@ -54,6 +57,8 @@ class LLM:
             params_list = list(params)
             if len(params_list) != len(prompts):
                 raise ValueError("sampling_params: the list must be as long as the prompts")
+        if lora_request is not None:
+            lora_name = self._lora_names(lora_request)
         loras = (
             [lora_name] * len(prompts)
             if lora_name is None or isinstance(lora_name, str)
@@ -66,6 +71,25 @@ class LLM:
             loras,
         )  # fmt: skip
 
+    def _lora_names(
+        self, requests: LoRARequest | Sequence[LoRARequest | None]
+    ) -> str | list[str | None]:
+        """The adapters' names, each loaded where it is not yet."""
+        single = isinstance(requests, LoRARequest)
+        items = [requests] if single else list(requests)  # type: ignore[list-item]
+        manager = self.engine.core.lora
+        for item in items:
+            if item is None or (manager is not None and item.lora_name in manager.model.adapters):
+                continue
+            if manager is None:
+                raise ValueError(
+                    "lora_request: this LLM serves no adapters; start it with enable_lora=True"
+                    " (or lora_modules)"
+                )
+            manager.load(item.lora_name, item.lora_path)
+        names = [None if item is None else item.lora_name for item in items]
+        return names[0] if single else names  # type: ignore[return-value]
+
     def chat(
         self,
         messages: Conversation | Sequence[Conversation],
@@ -74,6 +98,7 @@ class LLM:
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         use_progress: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts: list[PromptType] = []
@@ -82,7 +107,9 @@ class LLM:
                 conv, add_generation_prompt, tools, chat_template_kwargs
             )  # type: ignore[arg-type]
             prompts.append({"prompt": text, "prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_progress=use_progress)
+        return self.generate(
+            prompts, sampling_params, use_progress=use_progress, lora_request=lora_request
+        )
 
     def _run(
         self,
