@@ -1,4 +1,4 @@
-"""GGUF files written from a transformers model of the families in model/models/, in
+"""GGUF files written from a transformers model of the families in model/ (Llama included), in
 llama.cpp's architecture names, tensor names and layouts (gguf package), for parity tests."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import torch
 from tests.tiny_models import embedded_metadata
 
 GGUF_ARCH = {
+    "llama": "llama",
     "qwen3": "qwen3",
     "gemma3": "gemma3",
     "phi3": "phi3",
@@ -179,9 +180,10 @@ def write_family_gguf(model, family: str, path, qtype_name: str = "F32") -> None
             gname = _LAYER[name]
             if name == "post_attention_layernorm.weight" and family in _POST_ATTENTION_NORM:
                 gname = "post_attention_norm.weight"
-            if family == "mixtral" and name == "self_attn.q_proj.weight":
+            permuted = family in ("llama", "mixtral")  # llama.cpp's "llama" q/k row order
+            if permuted and name == "self_attn.q_proj.weight":
                 data = _permute(data, cfg.num_attention_heads)
-            elif family == "mixtral" and name == "self_attn.k_proj.weight":
+            elif permuted and name == "self_attn.k_proj.weight":
                 data = _permute(data, cfg.num_key_value_heads)
             tensors[f"blk.{layer}.{gname}"] = data
     for name, data in tensors.items():
@@ -191,6 +193,8 @@ def write_family_gguf(model, family: str, path, qtype_name: str = "F32") -> None
         small = data.ndim == 1 or "ffn_gate_inp" in name or name.endswith(".bias")
         if small or qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, data)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(name, data.astype(np.float16))
         else:
             writer.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
     writer.write_header_to_file()

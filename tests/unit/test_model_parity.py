@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from tests.tiny_models import embedded_metadata, make_hf_model, save_hf_folder
+from tests.family_gguf import write_family_gguf
+from tests.tiny_models import make_hf_model, save_hf_folder
 from tokenmill import LLM, SamplingParams
 from tokenmill.engine.scoring import sequence_logits
 
@@ -85,78 +85,9 @@ def test_safetensors_parity(tmp_path, kind, overrides):
 # ------------------------------------------------------------------ GGUF written here, read by both
 
 
-def _permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """llama.cpp's converter permutation (rotate-half -> interleaved pairs)."""
-    return (
-        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
 def write_gguf(model, path, qtype_name: str) -> None:
-    import gguf
-    from gguf.quants import quantize
-
-    cfg = model.config
-    qtype = gguf.GGMLQuantizationType[qtype_name]
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    writer.add_vocab_size(cfg.vocab_size)
-    meta = embedded_metadata()
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
-    writer.add_token_list(meta["tokenizer.ggml.tokens"])
-    writer.add_token_types(meta["tokenizer.ggml.token_type"])
-    writer.add_token_merges(meta["tokenizer.ggml.merges"])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_chat_template(meta["tokenizer.chat_template"])
-
-    names = {
-        "input_layernorm.weight": "attn_norm.weight",
-        "post_attention_layernorm.weight": "ffn_norm.weight",
-        "self_attn.q_proj.weight": "attn_q.weight",
-        "self_attn.k_proj.weight": "attn_k.weight",
-        "self_attn.v_proj.weight": "attn_v.weight",
-        "self_attn.o_proj.weight": "attn_output.weight",
-        "mlp.gate_proj.weight": "ffn_gate.weight",
-        "mlp.up_proj.weight": "ffn_up.weight",
-        "mlp.down_proj.weight": "ffn_down.weight",
-    }
-    for name, tensor in model.state_dict().items():
-        data = tensor.float().numpy()
-        if name == "model.embed_tokens.weight":
-            gname = "token_embd.weight"
-        elif name == "model.norm.weight":
-            gname = "output_norm.weight"
-        elif name == "lm_head.weight":
-            gname = "output.weight"
-        else:
-            _, _, layer, rest = name.split(".", 3)
-            gname = f"blk.{layer}.{names[rest]}"
-            if rest == "self_attn.q_proj.weight":
-                data = _permute_for_gguf(data, cfg.num_attention_heads)
-            elif rest == "self_attn.k_proj.weight":
-                data = _permute_for_gguf(data, cfg.num_key_value_heads)
-        if data.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(gname, data.astype(np.float32))
-        elif qtype == gguf.GGMLQuantizationType.F16:
-            writer.add_tensor(gname, data.astype(np.float16))
-        else:
-            writer.add_tensor(gname, quantize(data, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    """A Llama model as llama.cpp's converter writes it (q/k rows permuted)."""
+    write_family_gguf(model, "llama", path, qtype_name)
 
 
 @pytest.fixture(scope="module")
