@@ -1,5 +1,5 @@
 """The integer-dot kernels on one layer of the embedded model's shapes, in one run: the decode
-GEMV (24-bit activations) and the GEMM at 24, 16 and 8 bits, next to torch's fp32 GEMM on the
+GEMV and the GEMM at 24, 16 and 8 bits (activations), next to torch's fp32 GEMM on the
 same weight dequantized (the float path they replace), at a few row counts.
 
     .venv/bin/python benchmarks/int_dot_gemm.py [--threads N] [--rows 64,512]
@@ -39,7 +39,8 @@ def best_ms(fn, reps: int) -> float:
 def kernels(x, w, repacked, dense_t):
     """(name, call) of each kernel on rows x."""
     yield "fp32 GEMM (torch.mm)", lambda: x @ dense_t
-    yield "GEMV 24-bit", lambda: ops.int_dot_linear(x, repacked, w, None)
+    for bits in (24, 16, 8):
+        yield f"GEMV {bits}-bit", lambda b=bits: ops.int_dot_linear(x, repacked, w, None, bits=b)
     for bits in (24, 16, 8):
         yield f"GEMM {bits}-bit", lambda b=bits: ops.int_dot_gemm(x, repacked, w, None, bits=b)
 

@@ -13,7 +13,7 @@ Systems
                         packed, integer-dot kernels (decode rows: 24-bit activations; prefill and
                         steps past 32 rows: the GEMM at 24 bits, its default)
     tokenmill native a8 the same with the GEMM's activations at 8 bits (int8 per 32 values, as
-                        llama.cpp's; LLM(int_dot_gemm_bits=8))
+                        llama.cpp's; LLM(int_dot_activation_bits=8))
     tokenmill native Q8_0   the same on the Q8_0 copy of the file (make_gguf_variants.sh)
     tokenmill fp32      LLM(weights="float32") (float32 weights, dequantized from the GGUF)
     tokenmill bf16      LLM(weights="bfloat16") (bf16 linear layers)
@@ -782,7 +782,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (
             "tokenmill native a8",
             lambda: bench_tokenmill(
-                "tokenmill native a8", "native", sizes, work, threads, int_dot_gemm_bits=8
+                "tokenmill native a8", "native", sizes, work, threads, int_dot_activation_bits=8
             ),
         ),
         (

@@ -214,13 +214,14 @@ class KernelConfig:
     # up to how many rows the integer-dot kernel runs: None measured once per machine
     # (model/row_kernels.py), a number, or "any"
     int_dot_max_rows: int | str | None = None
-    # the activations' precision in the integer-dot GEMM, which runs steps past the GEMV's 32
-    # rows: 24 (the GEMV's: its results bit for bit, so a row's logits never depend on the
-    # step's size: speculative verification stays lossless, a cache hit equals a miss), 16
-    # (two digits per value: two thirds of the work, KLD from float32 < 1e-6 on the embedded
-    # model) or 8 (one int8 per value and 32-value block, as llama.cpp's: twice as fast, KLD
-    # 0.0035)
-    int_dot_gemm_bits: int = 24
+    # the activations' precision in every integer-dot kernel (the decode GEMV, the GEMM, the
+    # greedy argmax, the fused decoder): a row gets the same bits whichever runs it, so its
+    # logits never depend on the step (speculative verification stays lossless, a cache hit
+    # equals a miss). 16 (two digits per value; logits within 2e-3 of float32's on the tiny
+    # parity models, KLD < 1e-6 on the embedded model), 24 (three digits: a third more work,
+    # the float32 method's order) or 8 (one int8 per value and 32-value block, as llama.cpp's:
+    # a third of 24's work, KLD 0.0035)
+    int_dot_activation_bits: int = 16
     greedy_argmax: bool = True  # greedy rows read out only the lm_head's argmax
     fused_decode: bool = True  # decode steps in one native call (model/fused_decode.py)
     prefetch: bool = True  # native weights prepared while torch is imported (prefetch.py)
@@ -230,8 +231,9 @@ class KernelConfig:
         number = isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1
         if not (rows is None or rows == envs.ANY_ROWS or number):
             raise ValueError(f"int_dot_max_rows: a number (1 or more) or 'any', got {rows!r}")
-        if self.int_dot_gemm_bits not in envs.GEMM_BITS:
-            raise ValueError(f"int_dot_gemm_bits: 8, 16 or 24, got {self.int_dot_gemm_bits!r}")
+        if self.int_dot_activation_bits not in envs.ACTIVATION_BITS:
+            bits = self.int_dot_activation_bits
+            raise ValueError(f"int_dot_activation_bits: 8, 16 or 24, got {bits!r}")
 
     @classmethod
     def from_env(cls, **given: object) -> KernelConfig:

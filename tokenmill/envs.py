@@ -58,15 +58,15 @@ def parse_rows(raw: str, where: str = "TOKENMILL_INT_DOT_MAX_ROWS") -> int | str
     return int(value)
 
 
-GEMM_BITS = (8, 16, 24)  # TOKENMILL_INT_DOT_GEMM_BITS: the integer-dot GEMM's precisions
+ACTIVATION_BITS = (8, 16, 24)  # TOKENMILL_INT_DOT_ACTIVATION_BITS: the integer-dot precisions
 
 
-def parse_gemm_bits(raw: str, where: str = "TOKENMILL_INT_DOT_GEMM_BITS") -> int | None:
+def parse_activation_bits(raw: str, where: str = "TOKENMILL_INT_DOT_ACTIVATION_BITS") -> int | None:
     """8, 16 or 24; empty: unset (the default)."""
     value = raw.strip()
     if not value:
         return None
-    if value not in {str(b) for b in GEMM_BITS}:
+    if value not in {str(b) for b in ACTIVATION_BITS}:
         raise ValueError(f"{where}: 8, 16 or 24, got {raw!r}")
     return int(value)
 
@@ -82,11 +82,11 @@ INT_DOT_MAX_ROWS = EnvVar(
     "per machine, model/row_kernels.py)",
     "kernel_config.int_dot_max_rows",
 )  # fmt: skip
-INT_DOT_GEMM_BITS = EnvVar(
-    "TOKENMILL_INT_DOT_GEMM_BITS", parse_gemm_bits,
-    "8, 16 or 24: the activations' precision in the integer-dot GEMM (prefill and steps past "
-    "32 rows; 24, the default, is the decode GEMV's)",
-    "kernel_config.int_dot_gemm_bits",
+INT_DOT_ACTIVATION_BITS = EnvVar(
+    "TOKENMILL_INT_DOT_ACTIVATION_BITS", parse_activation_bits,
+    "8, 16 or 24: the activations' precision in every integer-dot kernel (decode GEMV, GEMM, "
+    "greedy argmax; default 16)",
+    "kernel_config.int_dot_activation_bits",
 )  # fmt: skip
 GREEDY_ARGMAX = EnvVar(
     "TOKENMILL_GREEDY_ARGMAX", _off_at("0"),
@@ -125,7 +125,7 @@ LLAMA_CPP_BIN = EnvVar(
 )  # fmt: skip
 
 VARIABLES: tuple[EnvVar, ...] = (
-    INT_DOT, INT_DOT_MAX_ROWS, INT_DOT_GEMM_BITS, GREEDY_ARGMAX, FUSED_DECODE, PREFETCH, DISABLE_KERNELS, CACHE,
+    INT_DOT, INT_DOT_MAX_ROWS, INT_DOT_ACTIVATION_BITS, GREEDY_ARGMAX, FUSED_DECODE, PREFETCH, DISABLE_KERNELS, CACHE,
     API_KEY, ADMIN_KEY, LLAMA_CPP_BIN,
 )  # fmt: skip
 

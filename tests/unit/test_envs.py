@@ -19,7 +19,7 @@ NAME = re.compile(r"TOKENMILL_[A-Z0-9_]+")
 OVERRIDES = {
     "TOKENMILL_INT_DOT": ("0", False),
     "TOKENMILL_INT_DOT_MAX_ROWS": ("64", 64),
-    "TOKENMILL_INT_DOT_GEMM_BITS": ("24", 24),
+    "TOKENMILL_INT_DOT_ACTIVATION_BITS": ("24", 24),
     "TOKENMILL_GREEDY_ARGMAX": ("0", False),
     "TOKENMILL_FUSED_DECODE": ("0", False),
     "TOKENMILL_PREFETCH": ("0", False),
@@ -60,7 +60,7 @@ def test_each_variable_sets_its_field_and_a_keyword_wins(name, monkeypatch):
     default = getattr(EngineArgs().create_engine_config().kernel_config, field)
     monkeypatch.setenv(name, raw)
     assert getattr(EngineArgs().create_engine_config().kernel_config, field) == value
-    wins = {"int_dot_max_rows": "any", "int_dot_gemm_bits": 8}.get(field, True)
+    wins = {"int_dot_max_rows": "any", "int_dot_activation_bits": 8}.get(field, True)
     config = EngineArgs(**{field: wins}).create_engine_config()
     assert getattr(config.kernel_config, field) == wins != value
     monkeypatch.delenv(name)

@@ -1,14 +1,14 @@
 """The integer-dot GEMM (prefill and batched steps on Q4_0 / Q4_1 / Q8_0 blocks): every build
 (this CPU, AVX2, plain x86-64) gives the plain C reference's bits at each activation precision,
-a row's result does not depend on the rows beside it, 24 bits is the decode GEMV bit for bit,
-and the error stays within what the activation's rounding allows."""
+a row's result does not depend on the rows beside it, the decode GEMV at the same bits gives
+the same bits, and the error stays within what the activation's rounding allows."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.unit.test_native_weights import QTYPES, packed
+from tests.unit.test_native_weights import QTYPES, int_dot, packed
 from tokenmill.kernels.build import build_kernels
 
 # the largest relative rounding of an activation value per precision: half a step of the
@@ -72,12 +72,11 @@ def test_gemm_is_the_plain_c_reference_in_every_build(lib, qtype, bits):
     expected = x.double() @ w.dequantize().double().t()
     scale = x.abs().double() @ w.dequantize().abs().double().t()  # bound of each sum's terms
     assert ((ours.double() - expected).abs() <= BOUND[bits] * scale + 1e-30).all()
-    if bits == 24:  # the decode GEMV's results
-        gemv, repacked = torch.empty_like(ours), repack(lib, w)
-        lib.tm_int_dot_linear(
-            x.data_ptr(), 29, 128, repacked.data_ptr(), w.qtype, 48, None, gemv.data_ptr(), 0, 2
-        )
-        assert torch.equal(ours, gemv)
+    # the decode GEMV at the same bits (8 rows a pass), this build's and the plain C one's
+    gemv = int_dot(lib, x, w, bits=bits)
+    assert torch.equal(ours, gemv)
+    assert torch.equal(ours, int_dot(lib, x, w, reference=True, bits=bits))
+    assert torch.equal(ours, int_dot(build_kernels("x86-64"), x, w, bits=bits))
 
 
 @pytest.mark.parametrize("bits", [8, 16])
@@ -131,7 +130,7 @@ def test_native_logits_with_the_gemm_stay_near_float32(tmp_path, bits):
     write_gguf(source, path, "Q4_1")
     args = {"kv_cache_memory_gib": 0.05}
     native = LLM(
-        str(path), weights="native", int_dot_max_rows="any", int_dot_gemm_bits=bits, **args
+        str(path), weights="native", int_dot_max_rows="any", int_dot_activation_bits=bits, **args
     )
     reference = LLM(str(path), weights="float32", **args)
     prompt = [(7 * i) % 900 + 20 for i in range(80)]

@@ -29,13 +29,13 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-def check_parity(model, llm: LLM, chunk_size: int | None = None) -> None:
+def check_parity(model, llm: LLM, chunk_size: int | None = None, bound: float = 1e-4) -> None:
     core = llm.engine.core
     for prompt in PROMPTS:
         ours = sequence_logits(core, prompt, chunk_size=chunk_size)
         with torch.no_grad():
             ref = model(torch.tensor([prompt])).logits[0].float()
-        assert (ours - ref).abs().max().item() <= 1e-4, (
+        assert (ours - ref).abs().max().item() <= bound, (
             f"logits differ for prompt of {len(prompt)} tokens"
         )
     outs = llm.generate(
@@ -90,6 +90,16 @@ def write_gguf(model, path, qtype_name: str) -> None:
     write_family_gguf(model, "llama", path, qtype_name)
 
 
+# Q4_0 / Q4_1 / Q8_0 run the integer-dot kernels (native weights), whose activations are
+# rounded to KernelConfig.int_dot_activation_bits. 16-bit activations (the default: steps of
+# 2^-15 of a block's largest value) => logits within 2e-3 of the dequantized float32 model's
+# on these tiny models (logits up to ~6; measured at most 1.15e-3 over the three formats,
+# whole prompts, chunks of 7 and token by token); 24 bits => 1.7e-5, within the float
+# formats' 1e-4.
+INT_DOT_FORMATS = ("Q4_0", "Q4_1", "Q8_0")
+INT_DOT_16_BIT_BOUND = 2e-3
+
+
 @pytest.fixture(scope="module")
 def gguf_source():
     return make_hf_model(
@@ -118,7 +128,7 @@ def test_gguf_parity_with_transformers(tmp_path, qtype, gguf_source):
         str(tmp_path), gguf_file=path.name, dtype=torch.float32
     ).eval()
     llm = LLM(str(path), kv_cache_memory_gib=0.05)
-    check_parity(ref, llm)
+    check_parity(ref, llm, bound=INT_DOT_16_BIT_BOUND if qtype in INT_DOT_FORMATS else 1e-4)
     if qtype != "F32":
         return  # the tokenizer is the same in every file; transformers' GGUF conversion is slow
     hf_tok = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)

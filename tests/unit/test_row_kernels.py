@@ -106,7 +106,7 @@ def test_a_broken_store_is_measured_again(method, tmp_path, monkeypatch):
 @pytest.mark.parametrize("bits", [8, 16, 24])
 def test_packed_layers_run_the_int_dot_kernel_up_to_the_limit(method, bits):
     linear = method.packed_linears[1]
-    linear.gemm_bits = bits
+    linear.activation_bits = bits
     x = torch.randn(48, 128)
     linear.int_dot_max_rows = INT_DOT_MAX_ROWS  # 48 rows: the fp32 GEMM
     assert torch.equal(linear(x), linear.gemm_rows(x))
@@ -119,14 +119,11 @@ def test_packed_layers_run_the_int_dot_kernel_up_to_the_limit(method, bits):
     exact = x.double() @ linear.weight.dequantize().double().t()
     scale = x.abs().double() @ linear.weight.dequantize().abs().double().t()
     assert ((together - exact).abs() <= {8: 4e-3, 16: 2e-5, 24: 2e-6}[bits] * scale).all()
-    alone = linear(x[40:41])[0]  # one row: the decode GEMV (24 bits)
-    assert torch.equal(together[40], alone) == (bits == 24)
-    argmax = linear.greedy_argmax(x)  # the GEMV's argmax: for the GEMM's rows at 24 bits only
-    if bits == 24:
-        assert torch.equal(argmax, together.max(dim=1).indices)
-    else:
-        assert argmax is None
-        assert torch.equal(linear.greedy_argmax(x[:32]), linear(x[:32]).max(dim=1).indices)
+    alone = linear(x[40:41])[0]  # one row: the decode GEMV, at the same bits
+    assert torch.equal(together[40], alone)
+    # the argmax kernel's, at the same bits: the GEMM's rows and the GEMV's
+    assert torch.equal(linear.greedy_argmax(x), together.max(dim=1).indices)
+    assert torch.equal(linear.greedy_argmax(x[:32]), linear(x[:32]).max(dim=1).indices)
 
 
 def test_float_copies_go_where_no_step_runs_the_gemm(method):

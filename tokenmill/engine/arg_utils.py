@@ -233,11 +233,12 @@ class EngineArgs:
         type=lambda raw: envs.parse_rows(raw, "int-dot-max-rows"), metavar="N|any",
         group=KERNELS,
     )  # fmt: skip
-    int_dot_gemm_bits: int | None = option(
-        K + "int_dot_gemm_bits", "the activations' precision in the integer-dot GEMM (prefill "
-        "and steps past 32 rows): 24 (default: the decode GEMV's results bit for bit), 16 (two "
-        "thirds of the work, KLD from float32 < 1e-6) or 8 (int8 per 32 values as llama.cpp: "
-        "twice as fast, KLD ~0.003)", default=None, type=int, choices=envs.GEMM_BITS, metavar="BITS",
+    int_dot_activation_bits: int | None = option(
+        K + "int_dot_activation_bits", "the activations' precision in every integer-dot kernel "
+        "(decode GEMV, GEMM, greedy argmax; a row gets the same bits in each): 16 (default: "
+        "logits within 2e-3 of float32, KLD < 1e-6), 24 (a third more work) or 8 (int8 per 32 "
+        "values as llama.cpp: a third of 24's work, KLD ~0.003)", default=None, type=int,
+        choices=envs.ACTIVATION_BITS, metavar="BITS",
         group=KERNELS,
     )  # fmt: skip
     greedy_argmax: bool | None = option(

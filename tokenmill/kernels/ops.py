@@ -49,6 +49,16 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up per row of [gate | up] with the one-call decoder's exp (poly_expf):
+    its results bit for bit."""
+    m, two_i = gate_up.shape
+    gate_up = gate_up.contiguous()
+    out = torch.empty(m, two_i // 2, dtype=torch.float32)
+    load_kernels().tm_silu_mul_rows(_p(gate_up), m, two_i // 2, _p(out), _threads())
+    return out
+
+
 def silu_mul_quant(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, two_i = gate_up.shape
     gate_up = gate_up.contiguous()
@@ -205,8 +215,11 @@ def int_dot_linear(
     weight,  # the PackedWeight it came from (format and shape)
     bias: torch.Tensor | None,
     out: torch.Tensor | None = None,  # given: accumulate into it (residual add)
+    bits: int = 24,
 ) -> torch.Tensor:
-    return _packed_linear(load_kernels().tm_int_dot_linear, x, repacked, weight, bias, out)
+    """The integer-dot GEMV (decode rows, 8 per pass over the weights) with activations
+    rounded to `bits` (24, 16 or 8): a row's result is int_dot_gemm's at the same bits."""
+    return _int_dot(load_kernels().tm_int_dot_linear, x, repacked, weight, bias, out, bits)
 
 
 def int_dot_gemm(
@@ -218,13 +231,17 @@ def int_dot_gemm(
     bits: int = 24,
 ) -> torch.Tensor:
     """The integer-dot GEMM (many rows: prefill, batched steps) on the same repacked weights,
-    with activations rounded to `bits` (24: int_dot_linear's results bit for bit; 8: one int8
-    per value and block, a third of the dot products)."""
+    with activations rounded to `bits` (int_dot_linear's results at the same bits, bit for
+    bit; 16: two thirds of 24's dot products, 8: one int8 per value and block, a third)."""
+    return _int_dot(load_kernels().tm_int_dot_gemm, x, repacked, weight, bias, out, bits)
+
+
+def _int_dot(kernel, x, repacked, weight, bias, out, bits: int) -> torch.Tensor:
     m, k = x.shape
     accumulate = out is not None
     if out is None:
         out = torch.empty(m, weight.rows, dtype=torch.float32)
-    load_kernels().tm_int_dot_gemm(
+    kernel(
         _p(x), m, k, _p(repacked), weight.qtype, weight.rows, _p(bias), _p(out), int(accumulate),
         bits, _threads(),
     )  # fmt: skip
@@ -246,15 +263,17 @@ def int_dot_argmax(
     repacked: torch.Tensor,  # int_dot_repack(weight)
     weight,  # the PackedWeight it came from
     bounds: torch.Tensor,  # int_dot_bound_table(repacked, weight)
+    bits: int = 24,
 ) -> torch.Tensor:
-    """Per row of x, the index of the largest output of int_dot_linear (bit-exact, first on
-    ties), from a high-byte estimate and exact outputs only where they could win; -1 where a
-    row's outputs are not finite (compute it in full)."""
+    """Per row of x, the index of the largest output of int_dot_linear at `bits` (bit-exact,
+    first on ties), from a high-byte estimate and exact outputs only where they could win; -1
+    where a row's outputs are not finite (compute it in full)."""
     m, k = x.shape
     out = torch.empty(m, dtype=torch.int64)
     load_kernels().tm_int_dot_argmax(
-        _p(x), m, k, _p(repacked), weight.qtype, weight.rows, _p(bounds), _p(out), _threads()
-    )
+        _p(x), m, k, _p(repacked), weight.qtype, weight.rows, _p(bounds), _p(out), bits,
+        _threads(),
+    )  # fmt: skip
     return out
 
 

@@ -34,7 +34,10 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
 class Projection(ctypes.Structure):
-    _fields_ = [("weight", _ptr), ("bias", _ptr), ("qtype", _i64), ("rows", _i64)]
+    _fields_ = [
+        *(("weight", _ptr), ("bias", _ptr), ("qtype", _i64), ("rows", _i64)),
+        ("bits", _i64),  # the activations' precision: the per-layer path's (activation_bits)
+    ]
 
 
 class DecodeLayer(ctypes.Structure):
@@ -73,7 +76,8 @@ class DecodeStep(ctypes.Structure):
 
 def projection_of(linear: PackedLinear) -> Projection:
     bias = linear.bias.data_ptr() if linear.bias is not None else None
-    return Projection(linear.int_dot.data_ptr(), bias, linear.weight.qtype, linear.weight.rows)
+    w = linear.weight
+    return Projection(linear.int_dot.data_ptr(), bias, w.qtype, w.rows, linear.activation_bits)
 
 
 def runs_int_dot(linear) -> bool:

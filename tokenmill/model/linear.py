@@ -142,18 +142,17 @@ PACKED_GEMV_MAX_ROWS = 8
 # Up to this many rows the integer-dot GEMV runs (8 rows per pass over the weights) where the
 # format has it, whatever the machine: a decode step of the embedded model (AVX-512 VNNI) with
 # 16 rows takes 60 ms on one thread (fp32 GEMM: 118), 39 on two (70); 32 rows 119 / 78
-# (161 / 93). A row's result then never depends on the other rows of its step up to here.
-# Beyond it the integer-dot GEMM (KernelConfig.int_dot_gemm_bits: 24 gives the GEMV's bits,
-# 16 two thirds of its work, 8 a third), up to where it was measured faster than the fp32
-# GEMM on this machine (row_kernels).
+# (161 / 93). Beyond it the integer-dot GEMM, up to where it was measured faster than the fp32
+# GEMM on this machine (row_kernels). Both round the activations to
+# KernelConfig.int_dot_activation_bits (24; 16: two thirds of the dot products, 8: a third)
+# and give a row the same bits, so a row's result never depends on the other rows of its step.
 INT_DOT_MAX_ROWS = 32
 # fp32 bytes dequantized at a time for the GEMM path (stays in L2/L3, never a full copy)
 _DEQUANT_CHUNK_BYTES = 4 << 20
 
 
 def int_dot_decode(weight: PackedWeight) -> bool:
-    """Decode rows of this weight can run the integer-dot GEMV (24-bit activations, VNNI or
-    AVX2): Q4_0 / Q4_1 / Q8_0 with rows in groups of 16, on a build with a vector
+    """Decode rows of this weight can run the integer-dot GEMV (VNNI or AVX2): Q4_0 / Q4_1 / Q8_0 with rows in groups of 16, on a build with a vector
     implementation (KernelConfig.int_dot off keeps the fp32 GEMV)."""
     return ops.int_dot_kind() > 0 and ops.int_dot_supported(weight)
 
@@ -179,16 +178,16 @@ class PackedLinear:
         keep_float: bool = False,
         prefetch: WeightPrefetch | None = None,
         int_dot: bool = True,
-        gemm_bits: int = 24,
+        activation_bits: int = 24,
     ) -> None:
         """`prefetch`: the start-up prefetch, which may have prepared this weight's repack
-        and float copy already (prefetch.py); `int_dot`: KernelConfig.int_dot; `gemm_bits`:
-        KernelConfig.int_dot_gemm_bits."""
+        and float copy already (prefetch.py); `int_dot`: KernelConfig.int_dot; `activation_bits`:
+        KernelConfig.int_dot_activation_bits."""
         self.weight = weight
         self.bias = bias.float().contiguous() if bias is not None else None
         # up to this many rows run the integer-dot kernels (the method measures it: row_kernels)
         self.int_dot_max_rows = INT_DOT_MAX_ROWS
-        self.gemm_bits = gemm_bits  # the integer-dot GEMM's activation precision
+        self.activation_bits = activation_bits  # the integer-dot kernels' activation precision
         self._argmax_bounds: torch.Tensor | None = None  # greedy_argmax's, made on first use
         self.chunk_rows = max(1, _DEQUANT_CHUNK_BYTES // (4 * weight.cols))
         self._scratch: torch.Tensor | None = None
@@ -216,11 +215,12 @@ class PackedLinear:
 
     def int_dot_rows(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The integer-dot kernels on x's rows (the layer has them: self.int_dot): the GEMV
-        up to INT_DOT_MAX_ROWS rows (24-bit activations), the GEMM past them."""
+        up to INT_DOT_MAX_ROWS rows, the GEMM past them (the same bits for a row)."""
         x = x.contiguous()
+        bits = self.activation_bits
         if x.shape[0] <= INT_DOT_MAX_ROWS:
-            return ops.int_dot_linear(x, self.int_dot, self.weight, self.bias, residual)
-        return ops.int_dot_gemm(x, self.int_dot, self.weight, self.bias, residual, self.gemm_bits)
+            return ops.int_dot_linear(x, self.int_dot, self.weight, self.bias, residual, bits)
+        return ops.int_dot_gemm(x, self.int_dot, self.weight, self.bias, residual, bits)
 
     def gemm_rows(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """A float32 GEMM on the dequantized weight: its float copy, else dequantized in
@@ -249,13 +249,14 @@ class PackedLinear:
         output is not finite)."""
         if self.int_dot is None or self.bias is not None:
             return None
-        # the argmax is the GEMV's (24-bit activations), as the GEMM's at 24 bits
-        gemv_rows = self.int_dot_max_rows if self.gemm_bits == 24 else INT_DOT_MAX_ROWS
-        if not GREEDY_ARGMAX_MIN_ROWS <= x.shape[0] <= min(gemv_rows, self.int_dot_max_rows):
+        # the argmax is the integer-dot kernels' (GEMV's and GEMM's) at the layer's bits
+        if not GREEDY_ARGMAX_MIN_ROWS <= x.shape[0] <= self.int_dot_max_rows:
             return None
         if self._argmax_bounds is None:
             self._argmax_bounds = ops.int_dot_bound_table(self.int_dot, self.weight)
-        out = ops.int_dot_argmax(x.contiguous(), self.int_dot, self.weight, self._argmax_bounds)
+        out = ops.int_dot_argmax(
+            x.contiguous(), self.int_dot, self.weight, self._argmax_bounds, self.activation_bits
+        )
         return None if bool((out < 0).any()) else out
 
 
@@ -334,6 +335,12 @@ class FloatMethod:
         return x
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """With the native kernels, the one-call decoder's SiLU (poly_expf) on every row: a
+        row's activations then do not depend on which path ran its step (the integer-dot
+        kernels' rounding would turn an ulp's difference into a digit's), and the native
+        method's float32 GEMM rows stay the float32 method's bit for bit."""
+        if self.native and gate_up.dtype == torch.float32:
+            return ops.silu_mul(gate_up)
         half = gate_up.shape[1] // 2
         return F.silu(gate_up[:, :half]) * gate_up[:, half:]
 
@@ -423,7 +430,7 @@ class NativeMethod(FloatMethod):
                 keep_float,
                 self.prefetch,
                 self.kernels.int_dot,
-                self.kernels.int_dot_gemm_bits,
+                self.kernels.int_dot_activation_bits,
             )
             self.packed_linears.append(linear)
             return linear

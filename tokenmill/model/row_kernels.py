@@ -2,7 +2,7 @@
 GEMM on the dequantized weight: measured on this machine, once.
 
 Up to 32 rows (linear.INT_DOT_MAX_ROWS) the integer-dot GEMV runs, whatever the machine; past
-them the integer-dot GEMM (8- or 24-bit activations, KernelConfig.int_dot_gemm_bits), and it
+them the integer-dot GEMM (8- or 24-bit activations, KernelConfig.int_dot_activation_bits), and it
 is timed here against the fp32 GEMM. Which one wins past a few dozen rows depends on the CPU:
 the integer-dot kernels' cost per row is flat (bound by `vpdpbusd`), the fp32 GEMM's falls as
 rows grow, towards the fp32 FMA peak. On a 2-core AMD EPYC (Zen 4, oneDNN/MKL fp32 GEMM) the
@@ -47,7 +47,7 @@ class TimedLayer(Protocol):
 
     weight: _Weight
     int_dot: object | None  # the integer-dot repack (None: the layer has no such kernel)
-    gemm_bits: int  # the integer-dot GEMM's activation precision
+    activation_bits: int  # the integer-dot GEMM's activation precision
     float_linear: object | None  # the float copy for the GEMM (None: dequantized per call)
 
     def int_dot_rows(self, x: torch.Tensor) -> object: ...
@@ -102,7 +102,7 @@ def machine_key(sample: TimedLayer) -> str:
             f"torch={torch.__version__}",
             f"{w.name}[{w.rows}x{w.cols}]",
             f"float_copy={sample.float_linear is not None}",
-            f"gemm_bits={sample.gemm_bits}",
+            f"activation_bits={sample.activation_bits}",
         ]
     )
 

@@ -63,6 +63,13 @@ void tm_silu_mul(const float* gate_up, int64_t I, float* out) {
     for (; i < I; i++) out[i] = gate_up[i] / (1.0f + poly_expf(-gate_up[i])) * up[i];
 }
 
+// tm_silu_mul on M rows (threads over rows): the per-layer native path's SiLU, so a row's
+// result is the one-call decoder's bit for bit.
+void tm_silu_mul_rows(const float* gate_up, int64_t M, int64_t I, float* out, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1)
+    for (int64_t m = 0; m < M; m++) tm_silu_mul(gate_up + m * 2 * I, I, out + m * I);
+}
+
 // hidden: [rows, hidden], updated in place through every layer.
 void tm_decode_layers(const DecodeLayer* layers, int64_t n_layers, const DecodeDims* d,
                       const DecodeStep* step, float* hidden, int nthreads) {

@@ -56,6 +56,13 @@ static const Precision BITS24 = {X_INT_MAX, X_INT_MAX, 0};
 static const Precision BITS16 = {32639.0f, 8355584.0f, 8};  // 0x7F7F, 0x7F7F * 256
 static const Precision BITS8 = {127.0f, 8323072.0f, 16};      // 127 * 65536
 
+// The digit planes that run at `bits` (24, 16 or 8; anything else: 24) and their precision.
+static inline int planes_of(int bits) { return bits == 8 ? 1 : bits == 16 ? 2 : 3; }
+static inline Precision precision_of(int bits) {
+    const int P = planes_of(bits);
+    return P == 1 ? BITS8 : P == 2 ? BITS16 : BITS24;
+}
+
 typedef void (*GroupFn)(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                         int64_t K, float out[][GROUP]);
 
@@ -75,3 +82,7 @@ void int_dot_group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRow
 // ... and its high and middle planes (16-bit rows).
 void int_dot_group_fast_two(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                             int64_t K, float out[][GROUP]);
+// This build's fastest body on the leading P planes (the rows' others are zero).
+static inline GroupFn int_dot_group_planes(int P) {
+    return P == 1 ? int_dot_group_fast_high : P == 2 ? int_dot_group_fast_two : int_dot_group_fast;
+}

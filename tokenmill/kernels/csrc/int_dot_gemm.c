@@ -185,14 +185,14 @@ static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const ui
                          int64_t N, const float* bias, float* y, int accumulate, int bits,
                          int nthreads) {
     const int64_t nb = K / QK, gbb = group_block_bytes(qt);
-    const int P = bits == 8 ? 1 : bits == 16 ? 2 : 3;  // the digit planes that run
+    const int P = planes_of(bits);  // the digit planes that run
     const int tiled = run == RUN_FAST && P < 3;
     const int64_t tile_rows = tiled ? TILE_ROWS : MAX_ROWS;
     // rows a thread runs each of its groups over at a time: their digits stay in L2
     const int64_t block = tile_rows * (K <= 2048 ? ROW_TILES : ROW_TILES / 4);
     void* buffer;
     IntRows q = int_dot_alloc_rows(M, K, &buffer);
-    int_dot_quantize_rows(x, M, K, &q, P == 1 ? BITS8 : P == 2 ? BITS16 : BITS24, nthreads);
+    int_dot_quantize_rows(x, M, K, &q, precision_of(bits), nthreads);
     int8_t* chunks = NULL;
     if (tiled) {
         chunks = malloc((size_t)((M + TILE_ROWS - 1) / TILE_ROWS * nb * CHUNK(P)));

@@ -1,5 +1,5 @@
 // Decode GEMV on Q4_0 / Q4_1 / Q8_0 weights as integer dot products (VNNI), with the
-// activation row rounded to 24-bit integers per 32-value block.
+// activation row rounded to 24-bit integers per 32-value block (or 16 / 8 bits: `bits`).
 //
 // The fp32 GEMV (quant_kernels.c) spends ~9 vector instructions per 32 weights on unpacking,
 // converting and multiplying; integer dot products (AVX-512 VNNI vpdpbusd: 64 u8 x s8
@@ -17,7 +17,9 @@
 // Every implementation (AVX-512 VNNI, AVX2, plain C) runs the same per-row sequence of fp32
 // operations, so all give bit-identical results, independent of how many rows run together.
 // Many rows (prefill, batched steps) run the GEMM of int_dot_gemm.c on the same layout
-// (int_dot.h), which may round the activations to 16 or 8 bits instead.
+// (int_dot.h). At 16 and 8 bits (int_dot.h's Precision) the GEMV rounds the activations as
+// the GEMM does and runs its leading planes only; the planes left out are zero, so a row's
+// result is the GEMM's at the same bits, bit for bit, in every build.
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -525,13 +527,13 @@ void int_dot_group_fast_two(int qt, const uint8_t* gw, int64_t nb, const IntRows
 // weight rows with `group`; y[m, n] = x[m] . W[n] (+ bias[n]) (+ y[m, n] when accumulating).
 static void int_dot_rows(GroupFn group, const float* x, int64_t M, int64_t K, const uint8_t* w,
                          int qt, int64_t N, const float* bias, float* y, int accumulate,
-                         int nthreads) {
+                         int bits, int nthreads) {
     const int64_t nb = K / QK, gbb = group_block_bytes(qt);
     for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
         const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
         void* buffer;
         IntRows q = int_dot_alloc_rows(rows, K, &buffer);
-        int_dot_quantize_rows(x + m0 * K, rows, K, &q, BITS24, 1);
+        int_dot_quantize_rows(x + m0 * K, rows, K, &q, precision_of(bits), 1);
         float* yb = y + m0 * N;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t g = 0; g < N / GROUP; g++) {
@@ -548,16 +550,19 @@ static void int_dot_rows(GroupFn group, const float* x, int64_t M, int64_t K, co
     }
 }
 
-// y = x W^T (+ bias) (+ y when accumulating); w repacked by tm_int_dot_repack.
+// y = x W^T (+ bias) (+ y when accumulating); w repacked by tm_int_dot_repack; bits: the
+// activations' precision, 24, 16 or 8 (anything else: 24).
 void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
-                       const float* bias, float* y, int accumulate, int nthreads) {
-    int_dot_rows(int_dot_group_fast, x, M, K, w, qt, N, bias, y, accumulate, nthreads);
+                       const float* bias, float* y, int accumulate, int bits, int nthreads) {
+    int_dot_rows(int_dot_group_planes(planes_of(bits)), x, M, K, w, qt, N, bias, y, accumulate,
+                 bits, nthreads);
 }
 
-// The plain C implementation whatever the build (tests compare the fast one against it).
+// The plain C implementation whatever the build, all three planes at every precision (tests
+// compare the fast one against it).
 void tm_int_dot_linear_reference(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt,
-                                 int64_t N, float* y) {
-    int_dot_rows(int_dot_group_c, x, M, K, w, qt, N, NULL, y, 0, 1);
+                                 int64_t N, float* y, int bits) {
+    int_dot_rows(int_dot_group_c, x, M, K, w, qt, N, NULL, y, 0, bits, 1);
 }
 
 // ---------------------------------------------------------------- greedy readout
@@ -597,17 +602,19 @@ void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, floa
 }
 
 // Per activation row, the index of the largest of y = x W^T as tm_int_dot_linear computes it
-// (bit for bit; the first index on ties), without computing all of y to 24 bits. The high byte
-// plane alone estimates every output: the middle and low planes add |256 mid + lo| <= 32639
-// per value times the block scale s_b, so an output of group g differs from its estimate by
+// at the same bits (bit for bit; the first index on ties), without computing all of y. The
+// high byte plane alone estimates every output: the middle and low planes add
+// |256 mid + lo| <= 32639 per value times the block scale s_b (at every precision), so an output of group g differs from its estimate by
 // at most 32639 sum_b s_b a[g, b] (a: tm_int_dot_bound_table) plus the fp32 rounding of both
 // sums (at most 6 per block, each <= 2^-24 of a partial sum, which is <= amax * total[g]).
 // Only the groups whose largest estimate could still reach the largest lower bound are
 // computed exactly (a few of the lm_head's 3,072). out[m] = -1 where the estimates are not
 // all finite (the caller computes that row in full).
 void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
-                       const float* bounds, int64_t* out, int nthreads) {
+                       const float* bounds, int64_t* out, int bits, int nthreads) {
     const int64_t nb = K / QK, gbb = group_block_bytes(qt), groups = N / GROUP;
+    const GroupFn exact_group = int_dot_group_planes(planes_of(bits));
+    // X_INT_MAX * s_b >= the block's amax at every precision (their divisors are smaller)
     const float rounding = (float)(12 * nb + 8) * 0x1p-24f * X_INT_MAX;
     const float* total = bounds + groups * nb;
     // per row and group: the largest lower and upper bound of its 16 outputs, and whether
@@ -619,7 +626,7 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
         const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
         void* buffer;
         IntRows q = int_dot_alloc_rows(rows, K, &buffer);
-        int_dot_quantize_rows(x + m0 * K, rows, K, &q, BITS24, 1);
+        int_dot_quantize_rows(x + m0 * K, rows, K, &q, precision_of(bits), 1);
         float smax[MAX_ROWS];
         for (int64_t m = 0; m < rows; m++) {
             smax[m] = 0.0f;
@@ -660,7 +667,7 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
             for (int64_t g = 0; g < groups; g++) {
                 if (hi[m * groups + g] < lower) continue;  // no output of it can be the largest
                 float exact[MAX_ROWS][GROUP];
-                int_dot_group_fast(qt, w + g * nb * gbb, nb, &one, 1, K, exact);
+                exact_group(qt, w + g * nb * gbb, nb, &one, 1, K, exact);
                 for (int r = 0; r < GROUP; r++) {
                     const float v = exact[0][r] + 0.0f;  // as tm_int_dot_linear stores it
                     if (v > best || best_n < 0) best = v, best_n = g * GROUP + r;

@@ -4,16 +4,18 @@
 #include <stdint.h>
 
 void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
-                       const float* bias, float* y, int accumulate, int nthreads);
+                       const float* bias, float* y, int accumulate, int bits, int nthreads);
 
 typedef struct {  // mirrors Projection in tokenmill/model/fused_decode.py
     const uint8_t* weight;
     const float* bias;  // or NULL
     int64_t qtype;
     int64_t rows;
+    int64_t bits;  // the activations' precision (KernelConfig's): the per-layer path's
 } Projection;
 
 static inline void linear(const Projection* p, const float* x, int64_t M, int64_t K, float* y,
                           int accumulate, int nthreads) {
-    tm_int_dot_linear(x, M, K, p->weight, (int)p->qtype, p->rows, p->bias, y, accumulate, nthreads);
+    tm_int_dot_linear(x, M, K, p->weight, (int)p->qtype, p->rows, p->bias, y, accumulate,
+                      (int)p->bits, nthreads);
 }
