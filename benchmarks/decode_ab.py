@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, llm in llms.items():
             best[name] = max(best.get(name, 0.0), decode_rate(llm, prompt, args.tokens))
     with results_file.capture("decode-ab", args):
-        print(f"decode {args.tokens} tokens, 1 request, {args.threads} threads, best of {args.rounds}")
+        print(
+            f"decode {args.tokens} tokens, 1 request, {args.threads} threads, best of {args.rounds}"
+        )
         print("| system | decode tok/s |")
         print("| --- | ---: |")
         for name, rate in best.items():
