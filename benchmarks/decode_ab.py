@@ -29,7 +29,7 @@ PEER = "Q4_1"  # the embedded file's format
 
 def llama_bench_tg(threads: int, tokens: int) -> float | None:
     bin_dir, models = llama_cpp_dirs()
-    model = models / f"{MODEL_STEM}-{PEER}.gguf"
+    model = models / f"{MODEL_STEM}.{PEER}.gguf"
     if not (bin_dir / "llama-bench").is_file() or not model.is_file():
         return None
     cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "0"]
@@ -42,11 +42,13 @@ def llama_bench_tg(threads: int, tokens: int) -> float | None:
 def decode_rate(llm, prompt: list[int], tokens: int) -> float:
     from tokenmill import SamplingParams
 
-    def run(n: int) -> float:
-        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    def run(n: int) -> float:  # min_tokens: no stop (a loop cut off) before n
+        params = SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True)
         start = time.perf_counter()
-        llm.generate([{"prompt_token_ids": prompt}], params)
-        return time.perf_counter() - start
+        (out,) = llm.generate([{"prompt_token_ids": prompt}], params)
+        elapsed = time.perf_counter() - start
+        assert len(out.outputs[0].token_ids) == n, len(out.outputs[0].token_ids)
+        return elapsed
 
     first = run(1)
     return (tokens - 1) / (run(tokens) - first)
