@@ -178,7 +178,7 @@ class PackedLinear:
         keep_float: bool = False,
         prefetch: WeightPrefetch | None = None,
         int_dot: bool = True,
-        activation_bits: int = 24,
+        activation_bits: int = KernelConfig.int_dot_activation_bits,
     ) -> None:
         """`prefetch`: the start-up prefetch, which may have prepared this weight's repack
         and float copy already (prefetch.py); `int_dot`: KernelConfig.int_dot; `activation_bits`:

@@ -49,7 +49,8 @@ def _packed_rows(lm_head, draft_vocab: torch.Tensor) -> PackedLinear | None:
         return None
     n = draft_vocab.numel()
     ids = torch.cat([draft_vocab, draft_vocab[-1:].expand(-n % 16)])
-    return PackedLinear(PackedWeight(w.qtype, ids.numel(), w.cols, w.data[ids].contiguous()), None)
+    rows = PackedWeight(w.qtype, ids.numel(), w.cols, w.data[ids].contiguous())
+    return PackedLinear(rows, None, activation_bits=lm_head.activation_bits)  # the lm_head's
 
 
 class PackedDraftHead:
