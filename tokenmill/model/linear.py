@@ -339,7 +339,7 @@ class FloatMethod:
         row's activations then do not depend on which path ran its step (the integer-dot
         kernels' rounding would turn an ulp's difference into a digit's), and the native
         method's float32 GEMM rows stay the float32 method's bit for bit."""
-        if self.native and gate_up.dtype == torch.float32:
+        if self.native and gate_up.dtype == torch.float32 and not gate_up.requires_grad:
             return ops.silu_mul(gate_up)
         half = gate_up.shape[1] // 2
         return F.silu(gate_up[:, :half]) * gate_up[:, half:]
