@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tests.model.test_native_embedded import LOGIT_BOUND
 from tokenmill import SamplingParams
 from tokenmill.engine.scoring import sequence_logits
 
@@ -24,7 +25,8 @@ def test_logits_match_transformers(embedded_llm, hf_model):
             ref = hf_model(torch.tensor([ids])).logits[0].float()
         for chunk in (None, 7):
             ours = sequence_logits(core, ids, chunk_size=chunk)
-            assert (ours - ref).abs().max().item() <= 1e-3, text
+            # 16-bit activations (the default): LOGIT_BOUND (24 bits: within 1e-3)
+            assert (ours - ref).abs().max().item() <= LOGIT_BOUND, text
 
 
 def test_greedy_64_tokens_identical_to_transformers(embedded_llm, hf_model):

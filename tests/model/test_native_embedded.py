@@ -1,5 +1,6 @@
 """The embedded Q4_1 file run natively (the default: packed Q4_1 layers, packed Q8_0 lm_head)
-against the same file dequantized to float32: logits within 1e-3, greedy tokens identical."""
+against the same file dequantized to float32: logits within LOGIT_BOUND, greedy tokens
+identical."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ PROMPTS = [
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
     "Photosynthesis is the process by which plants",
 ]
+
+
+# 16-bit activations in the integer-dot kernels (the default; each 32-value block rounded to
+# 2^-15 of its largest value) => logits within 1e-2 of the float32 method's (measured: at most
+# 8.2e-3, mean 1e-3, on logits up to 36; KLD < 1e-6). 24 bits: 7.7e-5.
+LOGIT_BOUND = 1e-2
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +45,7 @@ def test_native_logits_match_float32(embedded_llm, float32_llm):
         ref = sequence_logits(float32_llm.engine.core, ids, chunk_size=None)
         for chunk in (None, 1):
             ours = sequence_logits(embedded_llm.engine.core, ids, chunk_size=chunk)
-            assert (ours - ref).abs().max().item() <= 1e-3, (text, chunk)
+            assert (ours - ref).abs().max().item() <= LOGIT_BOUND, (text, chunk)
 
 
 def test_native_greedy_64_tokens_identical(embedded_llm, float32_llm):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.tiny_models import make_hf_model, save_hf_folder
+from tests.unit.test_model_parity import INT_DOT_16_BIT_BOUND
 from tokenmill import LLM
 from tokenmill.cli import main as cli_main
 from tokenmill.engine.scoring import sequence_logits
@@ -140,7 +141,9 @@ def test_safetensors_quantized_at_load_match_the_dequantized_weights(tiny_llama_
 
     reference = _float_reference(tiny_llama_dir, dequantized)
     ours = sequence_logits(llm.engine.core, PROMPT).log_softmax(-1)
-    assert (ours - _logits(reference, PROMPT)).abs().max().item() <= 1e-3
+    # the integer-dot kernels' 16-bit activations (test_model_parity.INT_DOT_16_BIT_BOUND)
+    bound = INT_DOT_16_BIT_BOUND
+    assert (ours - _logits(reference, PROMPT)).abs().max().item() <= bound
 
 
 def test_mixed_plan_runs_each_group_in_its_format(tiny_llama_dir):
@@ -151,6 +154,7 @@ def test_mixed_plan_runs_each_group_in_its_format(tiny_llama_dir):
     files = load_model_files(str(tiny_llama_dir))
     apply_plan(files, plan)
     model = LlamaForCausalLM(files.arch, files.weights, 256, get_linear_method(plan.method))
+    model.method.choose_row_kernels()  # the engine's row kernels for the prompt's rows
     kinds = {
         "l0.qkv": type(model.layers[0].qkv_proj).__name__,
         "l1.qkv": type(model.layers[1].qkv_proj).__name__,
@@ -244,7 +248,8 @@ def test_outlier_channels_run_in_float32_beside_the_packed_weight():
     assert type(linear).__name__ == "OutlierLinear"
     residual = torch.randn(5, 96)
     expected = residual + x @ weight.t()
-    assert torch.allclose(linear(x, residual.clone()), expected, atol=1e-4)
+    # the packed part's integer-dot kernels round activations to 16 bits (outputs up to ~25)
+    assert torch.allclose(linear(x, residual.clone()), expected, atol=1e-3)
 
 
 def test_outlier_channels_lower_the_kld_further(outlier_model_dir):

@@ -236,7 +236,7 @@ class EngineArgs:
     int_dot_activation_bits: int | None = option(
         K + "int_dot_activation_bits", "the activations' precision in every integer-dot kernel "
         "(decode GEMV, GEMM, greedy argmax; a row gets the same bits in each): 16 (default: "
-        "logits within 2e-3 of float32, KLD < 1e-6), 24 (a third more work) or 8 (int8 per 32 "
+        "KLD from float32 < 1e-6, logits within 1e-2), 24 (a third more work) or 8 (int8 per 32 "
         "values as llama.cpp: a third of 24's work, KLD ~0.003)", default=None, type=int,
         choices=envs.ACTIVATION_BITS, metavar="BITS",
         group=KERNELS,
