@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.tiny_models import make_hf_model, save_hf_folder
-from tests.unit.test_model_parity import INT_DOT_16_BIT_BOUND
+from tests.unit.test_model_parity import INT_DOT_BOUND
 from tokenmill import LLM
 from tokenmill.cli import main as cli_main
 from tokenmill.engine.scoring import sequence_logits
@@ -141,8 +141,8 @@ def test_safetensors_quantized_at_load_match_the_dequantized_weights(tiny_llama_
 
     reference = _float_reference(tiny_llama_dir, dequantized)
     ours = sequence_logits(llm.engine.core, PROMPT).log_softmax(-1)
-    # the integer-dot kernels' 16-bit activations (test_model_parity.INT_DOT_16_BIT_BOUND)
-    bound = INT_DOT_16_BIT_BOUND
+    # the integer-dot kernels' activation bits (test_model_parity.INT_DOT_BOUND); within 1e-3
+    bound = max(INT_DOT_BOUND, 1e-3)
     assert (ours - _logits(reference, PROMPT)).abs().max().item() <= bound
 
 
@@ -248,8 +248,9 @@ def test_outlier_channels_run_in_float32_beside_the_packed_weight():
     assert type(linear).__name__ == "OutlierLinear"
     residual = torch.randn(5, 96)
     expected = residual + x @ weight.t()
-    # the packed part's integer-dot kernels round activations to 16 bits (outputs up to ~25)
-    assert torch.allclose(linear(x, residual.clone()), expected, atol=1e-3)
+    # the packed part's integer-dot kernels round activations to the default bits (24: the
+    # order of fp32 rounding; outputs up to ~25)
+    assert torch.allclose(linear(x, residual.clone()), expected, atol=1e-4)
 
 
 def test_outlier_channels_lower_the_kld_further(outlier_model_dir):
