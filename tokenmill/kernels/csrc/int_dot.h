@@ -86,3 +86,20 @@ void int_dot_group_fast_two(int qt, const uint8_t* gw, int64_t nb, const IntRows
 static inline GroupFn int_dot_group_planes(int P) {
     return P == 1 ? int_dot_group_fast_high : P == 2 ? int_dot_group_fast_two : int_dot_group_fast;
 }
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// One group block's weights as 8 vectors of bytes (16 rows x 32 values): Q8_0's as stored,
+// Q4's low and high nibbles apart (values 0..15). The GEMV and the GEMM read blocks alike.
+ALWAYS_INLINE void unpack_block_512(const uint8_t* blk, int qt, __m512i w[8]) {
+    if (qt == QT_Q8_0) {
+        for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(blk + 64 * j);
+        return;
+    }
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        const __m512i v = _mm512_loadu_si512(blk + 64 * j);
+        w[j] = _mm512_and_si512(v, nib);
+        w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+    }
+}
+#endif

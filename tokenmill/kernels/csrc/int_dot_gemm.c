@@ -85,7 +85,6 @@ ALWAYS_INLINE void tile_avx512_t(int qt, int P, int ROWS, const uint8_t* gw, int
                                  const int8_t* chunks, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
     const int qs = group_qs_bytes(qt);
-    const __m512i nib = _mm512_set1_epi8(0x0F);
     __m512 acc[TILE_ROWS];
     for (int m = 0; m < ROWS; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -94,15 +93,7 @@ ALWAYS_INLINE void tile_avx512_t(int qt, int P, int ROWS, const uint8_t* gw, int
         const float* f = (const float*)(c + TILE_ROWS * QK * P);
         const int32_t* off = (const int32_t*)f + 3 * TILE_ROWS;
         __m512i w[8];
-        if (qt == QT_Q8_0) {
-            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(blk + 64 * j);
-        } else {
-            for (int j = 0; j < 4; j++) {
-                const __m512i v = _mm512_loadu_si512(blk + 64 * j);
-                w[j] = _mm512_and_si512(v, nib);
-                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-            }
-        }
+        unpack_block_512(blk, qt, w);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs)));
         const __m512 mn = qt == QT_Q4_1
             ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs + 2 * GROUP)))

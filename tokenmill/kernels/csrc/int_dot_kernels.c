@@ -278,11 +278,6 @@ void int_dot_group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, in
     group_c_planes(qt, 3, gw, nb, q, M, K, out);
 }
 
-static void group_c_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
-                         int64_t K, float out[][GROUP]) {
-    group_c_planes(qt, 1, gw, nb, q, M, K, out);
-}
-
 // ---------------------------------------------------------------- AVX-512 VNNI
 
 // The vector bodies are instantiated per format and per row count (1..8), so the row loops
@@ -321,7 +316,6 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
                                   const IntRows* q, int64_t M, int64_t K, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
     const int qs = group_qs_bytes(qt);
-    const __m512i nib = _mm512_set1_epi8(0x0F);
     __m512 acc[MAX_ROWS];
     for (int64_t m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -329,15 +323,7 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
         for (int64_t line = 0; line < gbb; line += 64)  // the stream runs ahead of the prefetcher
             _mm_prefetch((const char*)blk + PREFETCH_BYTES + line, _MM_HINT_T0);
         __m512i w[8];
-        if (qt == QT_Q8_0) {
-            for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(blk + 64 * j);
-        } else {
-            for (int j = 0; j < 4; j++) {
-                const __m512i v = _mm512_loadu_si512(blk + 64 * j);
-                w[j] = _mm512_and_si512(v, nib);
-                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-            }
-        }
+        unpack_block_512(blk, qt, w);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs)));
 #pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
@@ -513,7 +499,7 @@ void int_dot_group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q,
 
 void int_dot_group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                             int64_t K, float out[][GROUP]) {
-    group_c_high(qt, gw, nb, q, M, K, out);
+    group_c_planes(qt, 1, gw, nb, q, M, K, out);
 }
 
 void int_dot_group_fast_two(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
