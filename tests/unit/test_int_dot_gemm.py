@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.kernel_builds import KERNEL_BUILDS, kernel_build
 from tests.unit.test_native_weights import QTYPES, int_dot, packed
 from tokenmill.kernels.build import build_kernels
 
@@ -16,12 +17,9 @@ from tokenmill.kernels.build import build_kernels
 BOUND = {8: 0.5 / 127 + 1e-6, 16: 0.5 / 32639 + 1e-6, 24: 2e-6}
 
 
-@pytest.fixture(scope="module", params=["native", "haswell", "x86-64"])
+@pytest.fixture(scope="module", params=KERNEL_BUILDS)
 def lib(request):
-    lib = build_kernels(request.param)
-    if lib is None:
-        pytest.skip("no C compiler")
-    return lib
+    return kernel_build(request.param)
 
 
 def repack(lib, w) -> torch.Tensor:

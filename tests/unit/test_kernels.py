@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.kernel_builds import KERNEL_BUILDS, kernel_build
 from tokenmill.kernels import ops
-from tokenmill.kernels.build import build_kernels
 from tokenmill.model.linear import FloatMethod, Int8Linear, Int8Method, _quantize_rows_torch
 
 pytestmark = pytest.mark.skipif(
@@ -97,12 +97,10 @@ def test_paged_attention_decode_matches_sdpa(window, hd):
     assert torch.allclose(native, ref, atol=1e-5)
 
 
-@pytest.fixture(scope="module", params=["native", "haswell", "x86-64"])
+@pytest.fixture(scope="module", params=KERNEL_BUILDS)
 def attention_kernels(request):
     """Each build's decode attention: AVX-512 (where the CPU has it), AVX2, portable."""
-    lib = build_kernels(request.param)
-    if lib is None:
-        pytest.skip("no C compiler")
+    lib = kernel_build(request.param)
 
     def decode(q, kv, table, lens, nkv, bs, scale):
         b, nh, hd = q.shape

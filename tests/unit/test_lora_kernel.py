@@ -10,20 +10,17 @@ import ctypes
 import pytest
 import torch
 
+from tests.kernel_builds import KERNEL_BUILDS, kernel_build
 from tokenmill.kernels import ops
-from tokenmill.kernels.build import build_kernels
 
 pytestmark = pytest.mark.skipif(
     not ops.kernels_available(), reason="no C compiler for the native kernels"
 )
 
 
-@pytest.fixture(scope="module", params=["native", "haswell", "x86-64"])
+@pytest.fixture(scope="module", params=KERNEL_BUILDS)
 def lib(request):
-    built = build_kernels(request.param)
-    if built is None:
-        pytest.skip("no C compiler")
-    return built
+    return kernel_build(request.param)
 
 
 def _case(k: int, outs: list[int], ranks: list[list[int]], groups: list[list[int]], m: int):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.kernel_builds import KERNEL_BUILDS, kernel_build
 from tests.tiny_models import make_hf_model
 from tests.unit.test_model_parity import INT_DOT_BOUND, PROMPTS, write_gguf
 from tokenmill import LLM, SamplingParams
@@ -56,12 +57,9 @@ def call_qlinear(lib, x, w, bias, out, accumulate):
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["native", "haswell", "x86-64"])
+@pytest.fixture(scope="module", params=KERNEL_BUILDS)
 def kernels(request):
-    lib = build_kernels(request.param)
-    if lib is None:
-        pytest.skip("no C compiler")
-    return lib
+    return kernel_build(request.param)
 
 
 def test_formats_agree_with_ggml():
