@@ -32,13 +32,11 @@ class LoRAStep:
     ) -> None:
         self.owner = owner
         self.names = tuple(sorted(rows))
-        self.rows = {n: _rows(r, owner.device) for n, r in rows.items()}
         self.requests = requests  # (adapter, first row, rows): the per-request form only
-        counts = [len(rows[n]) for n in self.names]
-        width = max(counts)
         # the C kernel: (adapters, segment starts, rows) per call; one call for the step's
         # adapters, or one per request (the per-request form)
         self.kernel_calls: list[tuple[tuple[str, ...], torch.Tensor, torch.Tensor]] = []
+        self.padded = False
         if owner.kernel:
             if owner.mode == "per_request":
                 for name, start, n in requests:
@@ -47,9 +45,13 @@ class LoRAStep:
             else:
                 segments = _segments([rows[n] for n in self.names])
                 self.kernel_calls.append((self.names, *segments))
+            return
+        self.rows = {n: _rows(r, owner.device) for n, r in rows.items()}
+        counts = [len(rows[n]) for n in self.names]
+        width = max(counts)
         # the padded form when padding the groups to the largest costs at most 2x the rows
         self.padded = owner.mode == "batched" and len(counts) * width <= PAD_LIMIT * sum(counts)
-        if self.padded and not owner.kernel:
+        if self.padded:
             index = torch.zeros(len(counts), width, dtype=torch.long)
             valid = torch.zeros(len(counts), width, 1)
             for i, name in enumerate(self.names):
