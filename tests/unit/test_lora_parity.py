@@ -217,36 +217,8 @@ def test_deltas_beside_packed_native_weights(tiny_llama_dir, adapters, tmp_path,
             assert all(abs(pa[t].logprob - pb[t].logprob) < 1e-5 for t in pa)
 
 
-def test_max_loras_bounds_the_adapters_a_batch_mixes(tiny_llama_dir, adapters):
-    """--max-loras 2: no step runs three adapters; every request still finishes, as alone."""
-    llm = LLM(
-        str(tiny_llama_dir), kv_cache_memory_gib=0.05, max_loras=2, max_lora_rank=16,
-        lora_modules=tuple(f"{n}={p}" for n, p in adapters.items()),
-    )  # fmt: skip
-    lora = llm.engine.core.runner.lora
-    seen: list[set] = []
-    begin = lora.begin_step
-
-    def spy(rows, num_rows):
-        seen.append({name for name, _, _ in rows if name is not None})
-        begin(rows, num_rows)
-
-    lora.begin_step = spy
-    names = [a[0] for a in ADAPTERS] * 2 + [None]
-    tok = llm.get_tokenizer()
-    prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(len(names))]
-    params = SamplingParams(max_tokens=5, temperature=0.0)
-    outs = llm.generate(prompts, params, lora_name=names)
-    assert max(len(s) for s in seen) == 2 and all(len(o.outputs[0].token_ids) == 5 for o in outs)
-    for i in (0, 1, 2):
-        (alone,) = llm.generate([prompts[i]], params, lora_name=names[i])
-        assert alone.outputs[0].token_ids == outs[i].outputs[0].token_ids
-
-
-def test_a_request_whose_adapter_must_wait_does_not_hold_back_the_queue(tiny_llama_dir, adapters):
-    """--max-loras 2 with two adapters running: a third adapter's request waits, and the base
-    and running-adapter requests queued behind it are admitted in the same step (vLLM's
-    skip); it runs once an adapter frees, with the tokens it gets alone."""
+def _two_lora_llm_recording_steps(tiny_llama_dir, adapters) -> tuple[LLM, list[list]]:
+    """An LLM with --max-loras 2, and each step's adapter per request (None: the base)."""
     llm = LLM(
         str(tiny_llama_dir), kv_cache_memory_gib=0.05, max_loras=2, max_lora_rank=16,
         lora_modules=tuple(f"{n}={p}" for n, p in adapters.items()),
@@ -260,6 +232,29 @@ def test_a_request_whose_adapter_must_wait_does_not_hold_back_the_queue(tiny_lla
         begin(rows, num_rows)
 
     lora.begin_step = spy
+    return llm, steps
+
+
+def test_max_loras_bounds_the_adapters_a_batch_mixes(tiny_llama_dir, adapters):
+    """--max-loras 2: no step runs three adapters; every request still finishes, as alone."""
+    llm, steps = _two_lora_llm_recording_steps(tiny_llama_dir, adapters)
+    names = [a[0] for a in ADAPTERS] * 2 + [None]
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(len(names))]
+    params = SamplingParams(max_tokens=5, temperature=0.0)
+    outs = llm.generate(prompts, params, lora_name=names)
+    seen = [{name for name in step if name is not None} for step in steps]
+    assert max(len(s) for s in seen) == 2 and all(len(o.outputs[0].token_ids) == 5 for o in outs)
+    for i in (0, 1, 2):
+        (alone,) = llm.generate([prompts[i]], params, lora_name=names[i])
+        assert alone.outputs[0].token_ids == outs[i].outputs[0].token_ids
+
+
+def test_a_request_whose_adapter_must_wait_does_not_hold_back_the_queue(tiny_llama_dir, adapters):
+    """--max-loras 2 with two adapters running: a third adapter's request waits, and the base
+    and running-adapter requests queued behind it are admitted in the same step (vLLM's
+    skip); it runs once an adapter frees, with the tokens it gets alone."""
+    llm, steps = _two_lora_llm_recording_steps(tiny_llama_dir, adapters)
     a, b, c = (name for name, *_ in ADAPTERS)
     names = [a, b, c, None, a]
     tok = llm.get_tokenizer()
