@@ -3,6 +3,9 @@ transformers (no download), for parity tests against it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from tests.tiny_models import embedded_tokenizer
@@ -106,3 +109,15 @@ def make_family_model(family: str, **overrides):
     if getattr(model.config, "_attn_implementation", None) != "eager":
         model.config._attn_implementation = "eager"  # HF's windows and sinks in eager masks
     return model
+
+
+def save_family_folder(family: str, folder: Path, chat_template: str) -> Path:
+    """make_family_model(family) as a Hugging Face folder whose tokenizer config carries
+    `chat_template`."""
+    from tests.tiny_models import save_hf_folder
+
+    save_hf_folder(make_family_model(family), folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = chat_template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder

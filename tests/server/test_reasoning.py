@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.family_models import make_family_model
+from tests.family_models import save_family_folder
 from tests.server.conftest import start_server
-from tests.tiny_models import save_hf_folder
 
 TEMPLATE_DIR = Path(__file__).parent.parent / "data" / "chat_templates"
 TEMPLATE = (TEMPLATE_DIR / "qwen3.jinja").read_text()
@@ -39,11 +38,7 @@ def _regex(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def qwen3_folder(tmp_path_factory) -> Path:
-    folder = save_hf_folder(make_family_model("qwen3"), tmp_path_factory.mktemp("m") / "qwen3")
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = TEMPLATE
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
+    return save_family_folder("qwen3", tmp_path_factory.mktemp("m") / "qwen3", TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -159,10 +154,9 @@ HARMONY_ANSWER = (
 def gpt_oss_client(tmp_path_factory):
     from openai import OpenAI
 
-    folder = save_hf_folder(make_family_model("gpt_oss"), tmp_path_factory.mktemp("m") / "gpt-oss")
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = HARMONY_TEMPLATE
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    folder = save_family_folder(
+        "gpt_oss", tmp_path_factory.mktemp("m") / "gpt-oss", HARMONY_TEMPLATE
+    )
     srv = start_server(tmp_path_factory.mktemp("gpt-oss-server"), "--model", str(folder))
     yield OpenAI(base_url=srv.v1, api_key="unused", max_retries=0, timeout=120)
     srv.stop()

@@ -10,21 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.family_models import make_family_model
+from tests.family_models import save_family_folder
 from tests.server.conftest import start_server
-from tests.tiny_models import save_hf_folder
+from tests.server.test_reasoning import TOOLS
 
 DATA = Path(__file__).parents[1] / "data" / "chat_templates"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather of a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
 # family -> (model family, template file, an answer calling get_weather twice, a bad list)
 FORMATS = {
     "gemma3": (
@@ -49,10 +39,8 @@ def served(request, tmp_path_factory):
     from openai import OpenAI
 
     family, template, call, bad = FORMATS[request.param]
-    folder = save_hf_folder(make_family_model(family), tmp_path_factory.mktemp(family) / "m")
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = (DATA / f"{template}.jinja").read_text()
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    text = (DATA / f"{template}.jinja").read_text()
+    folder = save_family_folder(family, tmp_path_factory.mktemp(family) / "m", text)
     srv = start_server(tmp_path_factory.mktemp(f"{family}-server"), "--model", str(folder))
     yield OpenAI(base_url=srv.v1, api_key="unused", max_retries=0, timeout=120), call, bad
     srv.stop()
