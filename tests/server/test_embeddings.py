@@ -177,30 +177,18 @@ def test_decoder_embeddings_equal_transformers(tmp_path, tiny_llama_dir):
 def test_gateway_meters_embeddings(tmp_path, bert_server):
     """Behind the gateway: a key's embeddings calls in the ledger with the prompt tokens the
     client was told; a key limited to other models gets a 403; an input guardrail blocks."""
-    import hashlib
-
-    import yaml
-
+    from tests.gateway.harness import ADMIN_KEY, write_config
     from tokenmill.gateway.store.database import open_database
 
     _, folder = bert_server
-    admin_key = "admin-" + "k" * 40
-    config = {
-        "admin_key_sha256": hashlib.sha256(admin_key.encode()).hexdigest(),
-        "database": str(tmp_path / "gw.sqlite3"),
-        "journal": str(tmp_path / "journal"),
-        "prices": {"default": {"input": 1.0, "cached_input": 0.5, "output": 2.0}},
-        "guardrails": {"rules": [
-            {"name": "competitor", "scanner": "deny_list", "terms": ["acme corp"],
-             "action": "fallback", "fallback": "No.", "stages": ["input"]},
-        ]},
-    }  # fmt: skip
-    path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = write_config(tmp_path, {"guardrails": {"rules": [
+        {"name": "competitor", "scanner": "deny_list", "terms": ["acme corp"],
+         "action": "fallback", "fallback": "No.", "stages": ["input"]},
+    ]}})  # fmt: skip
     srv = start_server(tmp_path, "--model", str(folder), "--gateway-config", str(path))
     try:
         with httpx.Client(
-            base_url=srv.base_url, headers={"Authorization": f"Bearer {admin_key}"}
+            base_url=srv.base_url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
         ) as a:
             key_reply = a.post("/admin/keys", json={}).json()
             limited = a.post("/admin/keys", json={"models": ["another-model"]}).json()
@@ -222,7 +210,7 @@ def test_gateway_meters_embeddings(tmp_path, bert_server):
             OpenAI(base_url=srv.v1, api_key=limited["key"], max_retries=0).embeddings.create(
                 model="tiny-bert", input="hello"
             )
-        db = open_database(str(tmp_path / "gw.sqlite3"))
+        db = open_database(str(tmp_path / "gateway.sqlite3"))
         rows: list = []
         for _ in range(50):
             rows = db.fetchall(

@@ -212,29 +212,19 @@ def test_lora_name_colliding_with_the_base_fails_at_start(tiny_llama_dir, lora_s
 def test_gateway_keys_limited_to_an_adapter(lora_server, tiny_llama_dir, tmp_path):
     """Behind the gateway a key's `models` allowlist takes adapter names, and the ledger
     records the adapter a request ran with."""
-    import hashlib
     import time
 
-    import yaml
-
+    from tests.gateway.harness import ADMIN_KEY, write_config
     from tokenmill.gateway.store.database import open_database
 
     _, folders = lora_server
-    admin_key = "admin-" + "k" * 40
-    config = {
-        "admin_key_sha256": hashlib.sha256(admin_key.encode()).hexdigest(),
-        "database": str(tmp_path / "gw.sqlite3"),
-        "journal": str(tmp_path / "journal"),
-        "prices": {"default": {"input": 1.0, "cached_input": 0.5, "output": 2.0}},
-    }
-    path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = write_config(tmp_path)
     srv = start_server(
         tmp_path, "--model", str(tiny_llama_dir), "--lora", f"sql={folders['sql']}",
         "--gateway-config", str(path),
     )  # fmt: skip
     try:
-        headers = {"Authorization": f"Bearer {admin_key}"}
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         with httpx.Client(base_url=srv.base_url, headers=headers) as a:
             key = a.post("/admin/keys", json={"models": ["sql"]}).json()
         auth = {"Authorization": f"Bearer {key['key']}"}
@@ -245,7 +235,7 @@ def test_gateway_keys_limited_to_an_adapter(lora_server, tiny_llama_dir, tmp_pat
         base_name = next(m["id"] for m in models if m.get("parent") is None)
         base = httpx.post(f"{srv.v1}/completions", json={**body, "model": base_name}, headers=auth)
         assert base.status_code == 403
-        db = open_database(str(tmp_path / "gw.sqlite3"))
+        db = open_database(str(tmp_path / "gateway.sqlite3"))
         rows: list = []
         for _ in range(50):
             rows = db.fetchall(
