@@ -92,3 +92,25 @@ def test_bad_tensors_are_refused_naming_the_layer(folder, tmp_path):
     (bad / "adapter_config.json").write_text("{not json")
     with pytest.raises(ValueError, match="adapter_config.json: not JSON"):
         load_lora("x", str(bad))
+
+
+def test_weights_beyond_float16_are_refused_under_float16(folder, tmp_path, tiny_llama_dir):
+    """Over a quantized base the adapters are float16 (--lora-dtype auto): one whose weights
+    float16 cannot hold is refused naming the flag, and the loaded ones keep serving."""
+    from tokenmill import LLM
+
+    tensors = load_file(str(folder / "adapter_model.safetensors"))
+    key = next(k for k in tensors if k.endswith("lora_B.weight"))
+    huge = _copy(folder, tmp_path, tensors={**tensors, key: tensors[key] * 1e8})
+    llm = LLM(str(tiny_llama_dir), weights="q8_0", kv_cache_memory_gib=0.05, max_lora_rank=16,
+              lora_modules=(f"ok={folder}",))  # fmt: skip
+    manager = llm.engine.core.lora
+    if not manager.model.kernel:
+        pytest.skip("no C compiler: the adapters stay float32")
+    with pytest.raises(ValueError, match="lora_dtype: adapter 'huge' has weights beyond"):
+        manager.load("huge", str(huge))
+    assert list(manager.model.adapters) == ["ok"]
+    from tokenmill import SamplingParams
+
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), lora_name="ok")
+    assert len(out[0].outputs[0].token_ids) == 2
