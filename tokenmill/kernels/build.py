@@ -35,6 +35,7 @@ _SOURCES = [
         "decode_layers.c",
         "draft_chain.c",
         "lora_kernels.c",
+        "prefill_attention.c",
     )
 ]
 _HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))  # part of the cache key
@@ -132,6 +133,9 @@ def _declare(lib: ctypes.CDLL) -> None:
             p,
             i32,
         ],
+        "tm_paged_attention_prefill": [
+            p, i64, p, i64, p, i64, p, p, i64, i64, i64, i64, i64, f32, i64, p, i32,
+        ],  # fmt: skip
         "tm_rmsnorm": [p, p, i64, i64, f32, p, i32],
         "tm_rmsnorm_quant": [p, p, i64, i64, f32, p, p, i32],
         "tm_quantize_rows_strided": [p, i64, i64, i64, p, p, i32],

@@ -138,6 +138,27 @@ def paged_attention_decode(
     return out
 
 
+def paged_attention_prefill(
+    q: torch.Tensor,  # [T, nh, hd], rows at any stride, each row's heads contiguous
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size * nkv * hd], the chunks' keys written
+    block_table: torch.Tensor,  # [C, max_blocks] int64
+    query_start: torch.Tensor,  # [C + 1] int64: chunk c's rows are query_start[c] .. [c + 1] - 1
+    context_lens: torch.Tensor,  # [C] int64: keys of chunk c's sequence after the chunk
+    num_kv_heads: int,
+    block_size: int,
+    scale: float,
+    window: int | None,
+    out: torch.Tensor,  # [T, nh * hd] contiguous: the chunks' rows are written
+) -> None:
+    t, nh, hd = q.shape
+    assert q.stride(2) == 1 and q.stride(1) == hd and out.is_contiguous()
+    load_kernels().tm_paged_attention_prefill(
+        _p(q), q.stride(0), _p(kv_cache), kv_cache.shape[1], _p(block_table),
+        block_table.shape[1], _p(query_start), _p(context_lens), context_lens.shape[0],
+        nh, num_kv_heads, hd, block_size, scale, window or 0, _p(out), _threads(),
+    )  # fmt: skip
+
+
 def _packed_linear(kernel, x, data, weight, bias, out) -> torch.Tensor:
     """y = x W^T (+ bias) through a packed-weight GEMV kernel (tm_qlinear's signature);
     with `out` given, accumulates into it (residual add)."""

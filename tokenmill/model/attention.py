@@ -78,8 +78,28 @@ class AttentionMetadata:
     decode_seq_lens: torch.Tensor | None  # [num_decodes] int64: visible keys incl. the new token
     chunks: list[ChunkAttention]
     _decode_masks: dict | None = None  # sliding window -> mask
+    _chunk_tables: tuple | None = None  # chunk_tables(), built once
     # the Triton kernel's view of the step (attention_triton.paged_metadata), built once
     paged: PagedAttentionMetadata | None = None
+
+    def chunk_tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The chunks as the native prefill kernel reads them, built once per step: block
+        table [C, max_blocks] (padded with block 0), each chunk's first row in the flat batch
+        then the end of the last [C + 1], and each one's context length [C]."""
+        if self._chunk_tables is None:
+            chunks = self.chunks
+            width = max(len(c.block_ids) for c in chunks)
+            table = torch.zeros(len(chunks), width, dtype=torch.int64)
+            for i, c in enumerate(chunks):
+                table[i, : len(c.block_ids)] = c.block_ids
+            starts = [c.query_start for c in chunks] + [chunks[-1].query_start + chunks[-1].query_len]
+            lens = [c.context_len for c in chunks]
+            self._chunk_tables = (
+                table,
+                torch.tensor(starts, dtype=torch.int64),
+                torch.tensor(lens, dtype=torch.int64),
+            )
+        return self._chunk_tables
 
     def decode_mask(self, block_size: int, sliding_window: int | None) -> torch.Tensor:
         """Additive mask [num_decodes, 1, 1, max_blocks * block_size], built once per step
@@ -165,10 +185,15 @@ class TorchSDPABackend(AttentionBackend):
         nd = meta.num_decode_tokens
         if nd:
             out[:nd] = self._decode(q[:nd], kv_cache, meta)
+        if meta.chunks:
+            self._chunks(q, k, v, kv_cache, meta, out)
+        return out
+
+    def _chunks(self, q, k, v, kv_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
+        """Writes the multi-token chunks' rows of out."""
         for chunk in meta.chunks:
             s, n = chunk.query_start, chunk.query_len
             out[s : s + n] = self._chunk(q[s : s + n], k[s : s + n], v[s : s + n], kv_cache, chunk)
-        return out
 
     def _decode(
         self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
@@ -237,8 +262,8 @@ def attention_with_sinks(q, k, v, mask: torch.Tensor, scale: float, sinks: torch
 
 
 class CPUPagedBackend(TorchSDPABackend):
-    """Decodes read K/V straight from the paged cache in a native kernel (no gather);
-    multi-token chunks use torch SDPA."""
+    """Decodes and prompt chunks read K/V straight from the paged cache in native kernels (no
+    gather); layers with sinks (GPT-OSS) take torch's path."""
 
     name = "native"
 
@@ -262,3 +287,12 @@ class CPUPagedBackend(TorchSDPABackend):
             self.sliding_window,
         )
         return out.view(q.shape[0], self.num_heads * self.head_dim)
+
+    def _chunks(self, q, k, v, kv_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
+        if self.sinks is not None or q.dtype != torch.float32:
+            return super()._chunks(q, k, v, kv_cache, meta, out)
+        block_table, query_start, context_lens = meta.chunk_tables()
+        ops.paged_attention_prefill(
+            q, kv_cache, block_table, query_start, context_lens, self.num_kv_heads,
+            self.block_size, self.scale, self.sliding_window, out,
+        )  # fmt: skip
