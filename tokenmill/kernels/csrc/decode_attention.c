@@ -129,9 +129,21 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
     const int V = HD / 16;
     const int64_t cap = c1 - c0;
     const __m512 scale = _mm512_set1_ps(a->scale);
+    const int64_t to_value = a->values - a->keys;  // a key's record to its value's
+    const float* kp[16];
+    key_tile(a, c0, c1 - c0 < 16 ? c1 - c0 : 16, 16, kp);
     for (int64_t t0 = c0; t0 < c1; t0 += 16) {
-        const float* kp[16];
-        key_tile(a, t0, c1 - t0 < 16 ? c1 - t0 : 16, 16, kp);
+        // the next tile's keys to L1 and this tile's values to L2 while the scores run:
+        // a sequence's records are scattered over its blocks, past the hardware prefetcher
+        const float* next[16];
+        if (t0 + 16 < c1) {
+            key_tile(a, t0 + 16, c1 - t0 - 16 < 16 ? c1 - t0 - 16 : 16, 16, next);
+            for (int k = 0; k < 16; k++)
+                for (int c = 0; c < V; c++) _mm_prefetch((const char*)(next[k] + 16 * c), _MM_HINT_T0);
+        }
+        for (int k = 0; k < 16; k++)
+            for (int c = 0; c < V; c++)
+                _mm_prefetch((const char*)(kp[k] + to_value + 16 * c), _MM_HINT_T1);
         for (int64_t j = 0; j < n; j++) {
             const int64_t visible = vis[j] - t0;  // of this tile's keys
             if (visible <= 0) continue;
@@ -145,6 +157,7 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
             _mm512_mask_storeu_ps(scores + j * cap + (t0 - c0), first_lanes(visible),
                                   _mm512_mul_ps(sum16(acc), scale));
         }
+        if (t0 + 16 < c1) memcpy(kp, next, sizeof kp);
     }
     for (int64_t j = 0; j < n; j++) {  // exp(score - max) in place, and their sum
         float* s = scores + j * cap;
