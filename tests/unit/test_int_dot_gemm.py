@@ -1,4 +1,4 @@
-"""The integer-dot GEMM (prefill and batched steps on Q4_0 / Q4_1 / Q8_0 blocks): every build
+"""The integer-dot GEMM (prefill and batched steps on Q4_0 / Q4_1 / Q8_0 / Q4_K blocks): every build
 (this CPU, AVX2, plain x86-64) gives the plain C reference's bits at each activation precision,
 a row's result does not depend on the rows beside it, the decode GEMV at the same bits gives
 the same bits, and the error stays within what the activation's rounding allows."""
@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from tests.kernel_builds import KERNEL_BUILDS, kernel_build
-from tests.unit.test_native_weights import QTYPES, int_dot, packed
+from tests.unit.test_native_weights import (
+    INT_DOT_QTYPES,
+    int_dot,
+    int_dot_cols,
+    packed,
+    repack,
+)
 from tokenmill.kernels.build import build_kernels
 
 # the largest relative rounding of an activation value per precision: half a step of the
@@ -20,12 +26,6 @@ BOUND = {8: 0.5 / 127 + 1e-6, 16: 0.5 / 32639 + 1e-6, 24: 2e-6}
 @pytest.fixture(scope="module", params=KERNEL_BUILDS)
 def lib(request):
     return kernel_build(request.param)
-
-
-def repack(lib, w) -> torch.Tensor:
-    out = torch.empty(w.data.numel(), dtype=torch.uint8)
-    lib.tm_int_dot_repack(w.data.data_ptr(), w.qtype, w.rows, w.cols, out.data_ptr())
-    return out
 
 
 def gemm(lib, x, w, bits, bias=None, out=None, threads=2) -> torch.Tensor:
@@ -59,11 +59,11 @@ def rows(m: int, k: int, seed: int = 0) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("qtype", list(QTYPES))
+@pytest.mark.parametrize("qtype", list(INT_DOT_QTYPES))
 @pytest.mark.parametrize("bits", [8, 16, 24])
 def test_gemm_is_the_plain_c_reference_in_every_build(lib, qtype, bits):
-    w = packed(qtype, 48, 128)
-    x = rows(29, 128)  # two full 12-row tiles and a partial one; 3 full 8-row tiles and 5
+    w = packed(qtype, 48, int_dot_cols(qtype, 128))
+    x = rows(29, w.cols)  # two full 12-row tiles and a partial one; 3 full 8-row tiles and 5
     ours = gemm(lib, x, w, bits)
     assert torch.equal(ours, reference(lib, x, w, bits))
     assert torch.equal(ours, gemm(build_kernels("x86-64"), x, w, bits))

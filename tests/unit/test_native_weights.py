@@ -21,6 +21,20 @@ QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 MORE_QTYPES = {"Q5_0": 6, "Q5_1": 7, "Q4_K": 12, "Q6_K": 14}
 ALL_QTYPES = {**QTYPES, **MORE_QTYPES}
 K_QTYPES = ("Q4_K", "Q6_K")  # 256-value super-blocks; gguf-py has no quantizer for them
+# the formats the integer-dot kernels run (Q4_K's sub-blocks as Q4_1 blocks, fp32 scales)
+INT_DOT_QTYPES = {**QTYPES, "Q4_K": 12}
+
+
+def int_dot_cols(qtype: str, cols: int) -> int:
+    """A width for a test weight of this format: `cols`, or K-quants' 256-value multiple."""
+    return -(-cols // 256) * 256 if qtype in K_QTYPES else cols
+
+
+def repack(lib, w: PackedWeight) -> torch.Tensor:
+    """w's blocks regrouped for the integer-dot kernels of `lib`."""
+    out = torch.empty(lib.tm_int_dot_repacked_bytes(w.qtype, w.rows, w.cols), dtype=torch.uint8)
+    lib.tm_int_dot_repack(w.data.data_ptr(), w.qtype, w.rows, w.cols, out.data_ptr())
+    return out
 
 # where a K-format block keeps its fp16 scales (d, dmin), and a size for them that keeps the
 # dequantized values around 0.1 whatever the random scale and quant bytes
@@ -128,8 +142,7 @@ def test_dequantization_is_exact(kernels, qtype):
 def int_dot(lib, x, w, bias=None, out=None, reference=False, bits=24):
     """The integer-dot GEMV of `lib` on w (repacked by the same build), activations at
     `bits`."""
-    repacked = torch.empty(w.data.numel(), dtype=torch.uint8)
-    lib.tm_int_dot_repack(w.data.data_ptr(), w.qtype, w.rows, w.cols, repacked.data_ptr())
+    repacked = repack(lib, w)
     accumulate = out is not None
     if out is None:
         out = torch.empty(x.shape[0], w.rows)
@@ -146,22 +159,39 @@ def int_dot(lib, x, w, bias=None, out=None, reference=False, bits=24):
     return out
 
 
-def test_int_dot_supports_the_32_value_formats_in_groups_of_16_rows(kernels):
-    for name, qtype in QTYPES.items():
-        assert kernels.tm_int_dot_supported(qtype, 48, 96), name
-        assert not kernels.tm_int_dot_supported(qtype, 40, 96), name  # not a multiple of 16
+def test_int_dot_supports_its_formats_in_groups_of_16_rows(kernels):
+    for name, qtype in INT_DOT_QTYPES.items():
+        cols = int_dot_cols(name, 96)
+        assert kernels.tm_int_dot_supported(qtype, 48, cols), name
+        assert not kernels.tm_int_dot_supported(qtype, 40, cols), name  # not a multiple of 16
+    assert not kernels.tm_int_dot_supported(12, 48, 96)  # Q4_K: whole super-blocks only
     for name, qtype in MORE_QTYPES.items():
-        assert not kernels.tm_int_dot_supported(qtype, 48, 512), name
+        assert kernels.tm_int_dot_supported(qtype, 48, 512) == (name in INT_DOT_QTYPES), name
+    # Q4_K regrouped: 24 bytes per 32 values and row (fp32 scale and minimum), Q4_1: its own 20
+    assert kernels.tm_int_dot_repacked_bytes(12, 32, 512) == 32 * 16 * 24
+    assert kernels.tm_int_dot_repacked_bytes(3, 32, 512) == 32 * 16 * 20
 
 
-@pytest.mark.parametrize("qtype", list(QTYPES))
+def test_q4_k_regrouped_is_the_dequantized_weight(kernels):
+    """Each Q4_K sub-block regrouped as a Q4_1 block with fp32 scale d * sc and minimum
+    -(dmin * m) holds ggml's values: the GEMV on one-hot rows reads back gguf's dequantized
+    weight (within fp32 roundings of d * q and the minimum, terms of the weights' size)."""
+    w = packed("Q4_K", 32, 512, seed=5)
+    eye = torch.eye(512)[::7].contiguous()  # every sub-block and nibble half, 74 rows
+    got = torch.cat([int_dot(kernels, eye[i : i + 8].contiguous(), w) for i in range(0, 74, 8)])
+    expected = w.dequantize()[:, ::7].t()
+    assert (got - expected).abs().max() <= 1e-6 * expected.abs().max()
+
+
+@pytest.mark.parametrize("qtype", list(INT_DOT_QTYPES))
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])
 def test_int_dot_is_exact_but_for_the_24_bit_activation(kernels, qtype, rows):
     """Against float64 on the exactly dequantized weight: the error stays at fp32's order
     (24-bit activation digits); every build gives the plain C reference's bits, and a row's
     result does not depend on the rows run with it."""
-    w = packed(qtype, 48, 160, seed=rows)
-    x = torch.randn(rows, 160) * torch.logspace(-3, 3, 160)  # blocks of very different scales
+    cols = int_dot_cols(qtype, 160)
+    w = packed(qtype, 48, cols, seed=rows)
+    x = torch.randn(rows, cols) * torch.logspace(-3, 3, cols)  # blocks of very different scales
     x[0, :32] = 0.0  # an all-zero block
     expected = x.double() @ w.dequantize().double().t()
     ours = int_dot(kernels, x, w)
@@ -206,9 +236,9 @@ def test_packed_linear_uses_int_dot_for_decode_rows_where_it_can():
     from tokenmill.kernels import ops
     from tokenmill.model.linear import PackedLinear
 
-    x = torch.randn(3, 96)
-    for name in QTYPES:
-        w = packed(name, 32, 96)
+    for name in INT_DOT_QTYPES:
+        w = packed(name, 32, int_dot_cols(name, 96))
+        x = torch.randn(3, w.cols)
         linear = PackedLinear(w, None)
         assert (linear.int_dot is not None) == (ops.int_dot_kind() > 0), name
         exact = x.double() @ w.dequantize().double().t()
@@ -224,8 +254,7 @@ def test_packed_linear_uses_int_dot_for_decode_rows_where_it_can():
 
 def int_dot_argmax(lib, x, w, bits=24):
     """tm_int_dot_argmax of `lib` on w at `bits`, with its bound table (same build)."""
-    repacked = torch.empty(w.data.numel(), dtype=torch.uint8)
-    lib.tm_int_dot_repack(w.data.data_ptr(), w.qtype, w.rows, w.cols, repacked.data_ptr())
+    repacked = repack(lib, w)
     bounds = torch.empty(w.rows // 16 * (w.cols // 32 + 1))
     lib.tm_int_dot_bound_table(repacked.data_ptr(), w.qtype, w.rows, w.cols, bounds.data_ptr())
     out = torch.empty(x.shape[0], dtype=torch.int64)
@@ -237,31 +266,39 @@ def int_dot_argmax(lib, x, w, bits=24):
 
 
 @pytest.mark.parametrize("bits", [8, 16, 24])
-@pytest.mark.parametrize("qtype", list(QTYPES))
+@pytest.mark.parametrize("qtype", list(INT_DOT_QTYPES))
 def test_greedy_argmax_is_the_argmax_of_the_full_outputs(kernels, qtype, bits):
     """The high-byte estimate + exact candidates give the index of the largest output the
     full GEMV computes at the same activation bits, bit for bit: outlier blocks, near-ties
     that only the low planes tell apart, exact ties (duplicate weight rows: the first wins),
     1 to 12 rows."""
     gen = torch.Generator().manual_seed(7)
-    w = packed(qtype, 256, 192, seed=3)
+    cols = int_dot_cols(qtype, 192)
+    w = packed(qtype, 256, cols, seed=3)
     rows = w.data.clone()
+    # rows 31 and 99 get the two largest rows (K-quant test rows' scales differ widely), their
+    # places other rows
+    first, second = w.dequantize().norm(dim=1).topk(2).indices.tolist()
+    rows[31], rows[99] = w.data[first], w.data[second]
+    rows[first], rows[second] = w.data[0], w.data[1]
     rows[200], rows[57] = rows[31], rows[31]  # three equal rows: a tie whenever row 31 wins
     # row 100 = row 99 but for value 0 (one quantum apart): with x[0] far below its block's
     # largest value, only the low byte planes tell the two apart
-    head = {"Q4_0": 2, "Q4_1": 4, "Q8_0": 2}[qtype]
+    head = {"Q4_0": 2, "Q4_1": 4, "Q8_0": 2, "Q4_K": 16}[qtype]
     rows[100] = rows[99]
-    rows[100, head] ^= 1
+    rows[100, head] ^= 8 if qtype in K_QTYPES else 1  # K: 8 quanta (sub-block steps are small)
     w = PackedWeight(w.qtype, w.rows, w.cols, rows)
     dense = w.dequantize()
-    xs = [torch.randn(12, 192, generator=gen) * torch.logspace(-2, 2, 192)]
-    x = torch.randn(12, 192, generator=gen)
+    xs = [torch.randn(12, cols, generator=gen) * torch.logspace(-2, 2, cols)]
+    x = torch.randn(12, cols, generator=gen)
     x[:, 64:96] *= 300.0  # an outlier block: its estimate error dwarfs the others'
     xs.append(x)
-    # rows aimed at weight row 31 (and its copies): the tie and its near misses
-    aimed = dense[31].repeat(12, 1) + 1e-4 * torch.randn(12, 192, generator=gen)
+    # rows aimed at weight row 31 (and its copies): the tie and its near misses; aimed at the
+    # row less what all rows share (K-quant rows share a large minimum term)
+    common = dense.mean(0)
+    aimed = (dense[31] - common).repeat(12, 1) + 1e-4 * torch.randn(12, cols, generator=gen)
     xs.append(aimed)
-    near = dense[99].repeat(12, 1) + 1e-3 * torch.randn(12, 192, generator=gen)
+    near = (dense[99] - common).repeat(12, 1) + 1e-3 * torch.randn(12, cols, generator=gen)
     near[:, 0] = torch.linspace(-1e-3, 1e-3, 12) * near[:, :32].abs().amax(1)
     xs.append(near)
     for x in xs:

@@ -152,6 +152,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_int_dot_kind": [],
         "tm_int_dot_supported": [i32, i64, i64],
         "tm_int_dot_repack": [p, i32, i64, i64, p],
+        "tm_int_dot_repacked_bytes": [i32, i64, i64],
         "tm_int_dot_linear": [p, i64, i64, p, i32, i64, p, p, i32, i32, i32],
         "tm_int_dot_linear_reference": [p, i64, i64, p, i32, i64, p, i32],
         "tm_int_dot_gemm": [p, i64, i64, p, i32, i64, p, p, i32, i32, i32],
@@ -174,3 +175,4 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.argtypes = argtypes
         fn.restype = i32 if name in int_results else None
     lib.tm_draft_chain.restype = i64  # drafts written
+    lib.tm_int_dot_repacked_bytes.restype = i64

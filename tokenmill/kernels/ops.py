@@ -221,9 +221,14 @@ def int_dot_supported(weight) -> bool:
     return bool(load_kernels().tm_int_dot_supported(weight.qtype, weight.rows, weight.cols))
 
 
+def int_dot_repacked_bytes(qtype: int, rows: int, cols: int) -> int:
+    """Bytes of int_dot_repack's output: the weight's own, but Q4_K's (fp32 sub-block scales)."""
+    return load_kernels().tm_int_dot_repacked_bytes(qtype, rows, cols)
+
+
 def int_dot_repack(weight) -> torch.Tensor:
-    """A PackedWeight's blocks regrouped for int_dot_linear (the same number of bytes)."""
-    out = torch.empty(weight.data.numel(), dtype=torch.uint8)
+    """A PackedWeight's blocks regrouped for int_dot_linear (int_dot_repacked_bytes)."""
+    out = torch.empty(int_dot_repacked_bytes(weight.qtype, weight.rows, weight.cols), dtype=torch.uint8)
     load_kernels().tm_int_dot_repack(
         _p(weight.data.contiguous()), weight.qtype, weight.rows, weight.cols, _p(out)
     )

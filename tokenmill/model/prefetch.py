@@ -211,7 +211,8 @@ class WeightPrefetch:
             if int_dot and lib.tm_int_dot_supported(w.qtype, w.rows, w.cols):
 
                 def repack(w: _Packed = w) -> np.ndarray:
-                    out = anonymous_array((w.data.size,), np.uint8)
+                    size = lib.tm_int_dot_repacked_bytes(w.qtype, w.rows, w.cols)
+                    out = anonymous_array((size,), np.uint8)
                     lib.tm_int_dot_repack(
                         w.data.ctypes.data, w.qtype, w.rows, w.cols, out.ctypes.data
                     )

@@ -4,7 +4,10 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8 };
+// Q4_K's 32-value sub-blocks are regrouped as Q4_1 blocks whose scale d * sc and minimum
+// -(dmin * m) are fp32 (the products ggml's dequantizer forms), so every kernel runs them as
+// Q4_1 with another scale load.
+enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8, QT_Q4_K = 12 };
 #define QK 32
 #define GROUP 16           // weight rows interleaved per group
 #define MAX_ROWS 8         // activation rows per call
@@ -25,8 +28,30 @@ static inline int64_t group_block_bytes(int qt) {
         case QT_Q4_0: return GROUP * 18;
         case QT_Q4_1: return GROUP * 20;
         case QT_Q8_0: return GROUP * 34;
+        case QT_Q4_K: return GROUP * 24;
         default: return 0;
     }
+}
+
+// A weight value is d * q + m per block (Q4_1, Q4_K); Q4_0's is d * (q - 8), Q8_0's d * q.
+static inline int has_min(int qt) { return qt == QT_Q4_1 || qt == QT_Q4_K; }
+
+// Row r's scale d and minimum m in a group-block (after its quantized dwords).
+static inline float block_scale(int qt, const uint8_t* blk, int r) {
+    const uint8_t* at = blk + group_qs_bytes(qt);
+    if (qt != QT_Q4_K) return fp16(at + 2 * r);
+    float d;
+    memcpy(&d, at + 4 * r, 4);
+    return d;
+}
+
+static inline float block_min(int qt, const uint8_t* blk, int r) {
+    const uint8_t* at = blk + group_qs_bytes(qt);
+    if (qt == QT_Q4_1) return fp16(at + 2 * GROUP + 2 * r);
+    if (qt != QT_Q4_K) return 0.0f;
+    float m;
+    memcpy(&m, at + 4 * GROUP + 4 * r, 4);
+    return m;
 }
 
 // ---------------------------------------------------------------- activation rows
@@ -86,6 +111,21 @@ void int_dot_group_fast_two(int qt, const uint8_t* gw, int64_t nb, const IntRows
 static inline GroupFn int_dot_group_planes(int P) {
     return P == 1 ? int_dot_group_fast_high : P == 2 ? int_dot_group_fast_two : int_dot_group_fast;
 }
+
+#if defined(__AVX512F__)
+// The 16 rows' scales and minimums of a group-block (block_scale, block_min).
+ALWAYS_INLINE __m512 block_scales_512(const uint8_t* blk, int qt) {
+    const uint8_t* at = blk + group_qs_bytes(qt);
+    return qt == QT_Q4_K ? _mm512_loadu_ps(at) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)at));
+}
+
+ALWAYS_INLINE __m512 block_mins_512(const uint8_t* blk, int qt) {
+    const uint8_t* at = blk + group_qs_bytes(qt);
+    if (qt == QT_Q4_K) return _mm512_loadu_ps(at + 4 * GROUP);
+    return qt == QT_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(at + 2 * GROUP)))
+                         : _mm512_setzero_ps();
+}
+#endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 // One group block's weights as 8 vectors of bytes (16 rows x 32 values): Q8_0's as stored,

@@ -84,7 +84,6 @@ ALWAYS_INLINE __m512i plane_dot(const __m512i w[8], const int8_t* x) {
 ALWAYS_INLINE void tile_avx512_t(int qt, int P, int ROWS, const uint8_t* gw, int64_t nb,
                                  const int8_t* chunks, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
-    const int qs = group_qs_bytes(qt);
     __m512 acc[TILE_ROWS];
     for (int m = 0; m < ROWS; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -94,10 +93,7 @@ ALWAYS_INLINE void tile_avx512_t(int qt, int P, int ROWS, const uint8_t* gw, int
         const int32_t* off = (const int32_t*)f + 3 * TILE_ROWS;
         __m512i w[8];
         unpack_block_512(blk, qt, w);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs)));
-        const __m512 mn = qt == QT_Q4_1
-            ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs + 2 * GROUP)))
-            : _mm512_setzero_ps();
+        const __m512 d = block_scales_512(blk, qt), mn = block_mins_512(blk, qt);
 #pragma GCC unroll 16
         for (int m = 0; m < ROWS; m++) {
             __m512i S0 = plane_dot(w, c + m * QK);
@@ -117,7 +113,7 @@ ALWAYS_INLINE void tile_avx512_t(int qt, int P, int ROWS, const uint8_t* gw, int
                 acc[m] = _mm512_fmadd_ps(g, d, acc[m]);
             } else {
                 acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(x, _mm512_set1_ps(f[m])), d, acc[m]);
-                if (qt == QT_Q4_1)
+                if (has_min(qt))
                     acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(f[TILE_ROWS + m]), acc[m]);
             }
         }
@@ -146,6 +142,7 @@ ALWAYS_INLINE void tile_avx512_t(int qt, int P, int ROWS, const uint8_t* gw, int
         case QT_Q4_0: TILE_FOR_ROWS(QT_Q4_0, P); break;  \
         case QT_Q4_1: TILE_FOR_ROWS(QT_Q4_1, P); break;  \
         case QT_Q8_0: TILE_FOR_ROWS(QT_Q8_0, P); break;  \
+        case QT_Q4_K: TILE_FOR_ROWS(QT_Q4_K, P); break;  \
         default: break;                                  \
     }
 

@@ -1,4 +1,4 @@
-// Decode GEMV on Q4_0 / Q4_1 / Q8_0 weights as integer dot products (VNNI), with the
+// Decode GEMV on Q4_0 / Q4_1 / Q8_0 / Q4_K weights as integer dot products (VNNI), with the
 // activation row rounded to 24-bit integers per 32-value block (or 16 / 8 bits: `bits`).
 //
 // The fp32 GEMV (quant_kernels.c) spends ~9 vector instructions per 32 weights on unpacking,
@@ -33,7 +33,9 @@
 
 #define PREFETCH_BYTES 4096  // how far ahead of the weight stream to prefetch (measured)
 
-static inline int supported(int qt) { return qt == QT_Q4_0 || qt == QT_Q4_1 || qt == QT_Q8_0; }
+static inline int supported(int qt) {
+    return qt == QT_Q4_0 || qt == QT_Q4_1 || qt == QT_Q8_0 || qt == QT_Q4_K;
+}
 
 // Which implementation this build runs: 2 AVX-512 VNNI, 1 AVX2 (VNNI emulated), 0 plain C.
 int tm_int_dot_kind(void) {
@@ -47,11 +49,57 @@ int tm_int_dot_kind(void) {
 }
 
 int tm_int_dot_supported(int qt, int64_t N, int64_t K) {
-    return supported(qt) && N % GROUP == 0 && K % QK == 0;
+    return supported(qt) && N % GROUP == 0 && K % (qt == QT_Q4_K ? 256 : QK) == 0;
+}
+
+// Bytes of tm_int_dot_repack's output: the source's, but Q4_K's (fp32 scales per 32 values).
+int64_t tm_int_dot_repacked_bytes(int qt, int64_t N, int64_t K) {
+    return N / GROUP * (K / QK) * group_block_bytes(qt);
+}
+
+// ggml's get_scale_min_k4: sub-block j's 6-bit scale and minimum in a Q4_K super-block.
+static void q4_k_scale_min(int j, const uint8_t* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63, *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// Q4_K super-blocks (d, dmin, 12 scale bytes, 128 quant bytes: sub-block j's values are the
+// low (j even) or high nibbles of bytes 32 (j / 2) ..) as Q4_1-like group-blocks: each
+// sub-block's 32 nibbles in Q4_1's order (byte i: values i and i + 16), then the 16 rows'
+// fp32 d * sc, then their fp32 -(dmin * m).
+static void repack_q4_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
+    const int64_t nb = K / QK, gbb = group_block_bytes(QT_Q4_K), supers = K / 256;
+    const int qs = group_qs_bytes(QT_Q4_K);
+    for (int64_t g = 0; g < N / GROUP; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t* o = out + (g * nb + b) * gbb;
+            for (int r = 0; r < GROUP; r++) {
+                const uint8_t* sup = w + ((g * GROUP + r) * supers + b / 8) * 144;
+                const int j = (int)(b % 8);
+                int sc, m;
+                q4_k_scale_min(j, sup + 4, &sc, &m);
+                const uint8_t* q = sup + 16 + 32 * (j / 2);
+                uint8_t v[QK];
+                for (int l = 0; l < QK; l++) v[l] = j % 2 ? q[l] >> 4 : q[l] & 0x0F;
+                for (int i = 0; i < QK / 2; i++)  // dword i / 4, byte i % 4 of row r
+                    o[((i / 4) * GROUP + r) * 4 + i % 4] = (uint8_t)(v[i] | (v[i + 16] << 4));
+                const float d = fp16(sup) * (float)sc, mn = -(fp16(sup + 2) * (float)m);
+                memcpy(o + qs + 4 * r, &d, 4);
+                memcpy(o + qs + 4 * GROUP + 4 * r, &mn, 4);
+            }
+        }
 }
 
 // w: N rows of K / 32 ggml blocks; out: N / 16 groups of K / 32 group-blocks.
 void tm_int_dot_repack(const uint8_t* w, int qt, int64_t N, int64_t K, uint8_t* out) {
+    if (qt == QT_Q4_K) {
+        repack_q4_k(w, N, K, out);
+        return;
+    }
     const int in_block = (int)(group_block_bytes(qt) / GROUP), head = qt == QT_Q4_1 ? 4 : 2;
     const int qs_bytes = in_block - head, dwords = qs_bytes / 4;
     const int64_t nb = K / QK, gbb = group_block_bytes(qt);
@@ -233,7 +281,7 @@ static inline float block_term_c(int qt, const int32_t S[3], float s, float sum,
     const float f = fmaf((float)S[0], 65536.0f, (float)(256 * S[1] + S[2]));
     if (qt == QT_Q4_0) return fmaf(fmaf(f, s, -8.0f * sum), d, acc);
     acc = fmaf(f * s, d, acc);
-    return qt == QT_Q4_1 ? fmaf(mn, sum, acc) : acc;
+    return has_min(qt) ? fmaf(mn, sum, acc) : acc;
 }
 
 // ---------------------------------------------------------------- plain C
@@ -250,7 +298,6 @@ static inline int stored_weight(int qt, const uint8_t* blk, int r, int j, int t)
 static void group_c_planes(int qt, int planes, const uint8_t* gw, int64_t nb, const IntRows* q,
                            int64_t M, int64_t K, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
-    const int qs = group_qs_bytes(qt);
     for (int64_t m = 0; m < M; m++)
         for (int r = 0; r < GROUP; r++) out[m][r] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
@@ -265,8 +312,7 @@ static void group_c_planes(int qt, int planes, const uint8_t* gw, int64_t nb, co
                     }
                 if (qt == QT_Q8_0)
                     for (int p = 0; p < planes; p++) S[p] -= 128 * q->psum[3 * (m * nb + b) + p];
-                const float d = fp16(blk + qs + 2 * r);
-                const float mn = qt == QT_Q4_1 ? fp16(blk + qs + 2 * GROUP + 2 * r) : 0.0f;
+                const float d = block_scale(qt, blk, r), mn = block_min(qt, blk, r);
                 out[m][r] = block_term_c(qt, S, q->scale[m * nb + b], q->sum[m * nb + b], d, mn,
                                          out[m][r]);
             }
@@ -298,6 +344,7 @@ void int_dot_group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, in
         case QT_Q4_0: FOR_ROWS(QT_Q4_0, M, CALL); break; \
         case QT_Q4_1: FOR_ROWS(QT_Q4_1, M, CALL); break; \
         case QT_Q8_0: FOR_ROWS(QT_Q8_0, M, CALL); break; \
+        case QT_Q4_K: FOR_ROWS(QT_Q4_K, M, CALL); break; \
         default: break;                                  \
     }
 
@@ -315,7 +362,6 @@ ALWAYS_INLINE __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int32_t* x)
 ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t nb,
                                   const IntRows* q, int64_t M, int64_t K, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
-    const int qs = group_qs_bytes(qt);
     __m512 acc[MAX_ROWS];
     for (int64_t m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -324,7 +370,7 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
             _mm_prefetch((const char*)blk + PREFETCH_BYTES + line, _MM_HINT_T0);
         __m512i w[8];
         unpack_block_512(blk, qt, w);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + qs)));
+        const __m512 d = block_scales_512(blk, qt);
 #pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
             __m512i S[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
@@ -348,11 +394,8 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
                 acc[m] = _mm512_fmadd_ps(g, d, acc[m]);
             } else {
                 acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(f, _mm512_set1_ps(s)), d, acc[m]);
-                if (qt == QT_Q4_1) {
-                    const __m512 mn = _mm512_cvtph_ps(
-                        _mm256_loadu_si256((const __m256i*)(blk + qs + 2 * GROUP)));
-                    acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sum), acc[m]);
-                }
+                if (has_min(qt))
+                    acc[m] = _mm512_fmadd_ps(block_mins_512(blk, qt), _mm512_set1_ps(sum), acc[m]);
             }
         }
     }
@@ -415,7 +458,9 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
                 w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
             }
         }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + qs + 16 * h)));
+        const __m256 d = qt == QT_Q4_K
+            ? _mm256_loadu_ps((const float*)(blk + qs) + 8 * h)
+            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + qs + 16 * h)));
 #pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
             __m256i S[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -454,9 +499,11 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
                 acc[m] = _mm256_fmadd_ps(g, d, acc[m]);
             } else {
                 acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(f, _mm256_set1_ps(s)), d, acc[m]);
-                if (qt == QT_Q4_1) {
-                    const __m256 mn = _mm256_cvtph_ps(
-                        _mm_loadu_si128((const __m128i*)(blk + qs + 2 * GROUP + 16 * h)));
+                if (has_min(qt)) {
+                    const __m256 mn = qt == QT_Q4_K
+                        ? _mm256_loadu_ps((const float*)(blk + qs + 4 * GROUP) + 8 * h)
+                        : _mm256_cvtph_ps(
+                              _mm_loadu_si128((const __m128i*)(blk + qs + 2 * GROUP + 16 * h)));
                     acc[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(sum), acc[m]);
                 }
             }
@@ -561,7 +608,6 @@ void tm_int_dot_linear_reference(const float* x, int64_t M, int64_t K, const uin
 // amax bounds every partial sum (so the fp32 rounding). (N / 16) (nb + 1) floats.
 void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, float* out) {
     const int64_t nb = K / QK, gbb = group_block_bytes(qt), groups = N / GROUP;
-    const int qs = group_qs_bytes(qt);
     for (int64_t g = 0; g < groups; g++) {
         float totals[GROUP] = {0.0f};
         for (int64_t b = 0; b < nb; b++) {
@@ -574,10 +620,10 @@ void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, floa
                         const int v = stored_weight(qt, blk, r, j, t);
                         sum += qt == QT_Q8_0 ? abs(v - 128) : v;
                     }
-                const float a = fabsf(fp16(blk + qs + 2 * r)) * (float)sum;
+                const float a = fabsf(block_scale(qt, blk, r)) * (float)sum;
                 largest = fmaxf(largest, a);
                 totals[r] += a;
-                if (qt == QT_Q4_1) totals[r] += 32.0f * fabsf(fp16(blk + qs + 2 * GROUP + 2 * r));
+                if (has_min(qt)) totals[r] += 32.0f * fabsf(block_min(qt, blk, r));
             }
             out[g * nb + b] = largest;
         }
