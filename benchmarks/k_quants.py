@@ -1,5 +1,5 @@
 """K-quant files (Q4_K_M): tokenmill's native weights with the integer-dot kernels on the
-Q4_K layers, the same without them (the fp32 GEMV and GEMM on the dequantized blocks), and
+Q4_K and Q6_K layers, the same without them (the fp32 GEMV and GEMM on the dequantized blocks), and
 llama.cpp on the same file, in one run.
 
     .venv/bin/python benchmarks/k_quants.py [--layers 8] [--threads N] [--skip-llama-cpp]
@@ -120,7 +120,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = make_model(args.layers, Path(tmp))
         rows = {
-            "tokenmill native (integer-dot on Q4_K)": tokenmill_speed(path, args.threads, True),
+            "tokenmill native (integer-dot on Q4_K, Q6_K)": tokenmill_speed(path, args.threads, True),
             "tokenmill native, --no-int-dot (fp32 GEMV/GEMM)": tokenmill_speed(
                 path, args.threads, False
             ),

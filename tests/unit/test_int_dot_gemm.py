@@ -1,4 +1,4 @@
-"""The integer-dot GEMM (prefill and batched steps on Q4_0 / Q4_1 / Q8_0 / Q4_K blocks): every build
+"""The integer-dot GEMM (prefill and batched steps on Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K blocks): every build
 (this CPU, AVX2, plain x86-64) gives the plain C reference's bits at each activation precision,
 a row's result does not depend on the rows beside it, the decode GEMV at the same bits gives
 the same bits, and the error stays within what the activation's rounding allows."""

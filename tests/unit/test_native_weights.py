@@ -21,8 +21,9 @@ QTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 MORE_QTYPES = {"Q5_0": 6, "Q5_1": 7, "Q4_K": 12, "Q6_K": 14}
 ALL_QTYPES = {**QTYPES, **MORE_QTYPES}
 K_QTYPES = ("Q4_K", "Q6_K")  # 256-value super-blocks; gguf-py has no quantizer for them
-# the formats the integer-dot kernels run (Q4_K's sub-blocks as Q4_1 blocks, fp32 scales)
-INT_DOT_QTYPES = {**QTYPES, "Q4_K": 12}
+# the formats the integer-dot kernels run (Q4_K's sub-blocks as Q4_1 blocks, fp32 scales;
+# Q6_K's values as bytes, an fp32 scale per 16)
+INT_DOT_QTYPES = {**QTYPES, "Q4_K": 12, "Q6_K": 14}
 
 
 def int_dot_cols(qtype: str, cols: int) -> int:
@@ -164,19 +165,24 @@ def test_int_dot_supports_its_formats_in_groups_of_16_rows(kernels):
         cols = int_dot_cols(name, 96)
         assert kernels.tm_int_dot_supported(qtype, 48, cols), name
         assert not kernels.tm_int_dot_supported(qtype, 40, cols), name  # not a multiple of 16
-    assert not kernels.tm_int_dot_supported(12, 48, 96)  # Q4_K: whole super-blocks only
+    for qtype in (12, 14):  # K-quants: whole super-blocks only
+        assert not kernels.tm_int_dot_supported(qtype, 48, 96)
     for name, qtype in MORE_QTYPES.items():
         assert kernels.tm_int_dot_supported(qtype, 48, 512) == (name in INT_DOT_QTYPES), name
-    # Q4_K regrouped: 24 bytes per 32 values and row (fp32 scale and minimum), Q4_1: its own 20
+    # regrouped bytes per 32 values and row: Q4_K 24 (fp32 scale and minimum), Q6_K 40 (a
+    # byte a value, two fp32 scales), Q4_1 its own 20
     assert kernels.tm_int_dot_repacked_bytes(12, 32, 512) == 32 * 16 * 24
+    assert kernels.tm_int_dot_repacked_bytes(14, 32, 512) == 32 * 16 * 40
     assert kernels.tm_int_dot_repacked_bytes(3, 32, 512) == 32 * 16 * 20
 
 
-def test_q4_k_regrouped_is_the_dequantized_weight(kernels):
-    """Each Q4_K sub-block regrouped as a Q4_1 block with fp32 scale d * sc and minimum
-    -(dmin * m) holds ggml's values: the GEMV on one-hot rows reads back gguf's dequantized
-    weight (within fp32 roundings of d * q and the minimum, terms of the weights' size)."""
-    w = packed("Q4_K", 32, 512, seed=5)
+@pytest.mark.parametrize("qtype", K_QTYPES)
+def test_k_quants_regrouped_are_the_dequantized_weight(kernels, qtype):
+    """Q4_K sub-blocks regrouped as Q4_1 blocks (fp32 scale d * sc, minimum -(dmin * m)) and
+    Q6_K's bytes with a d * sc per 16 values hold ggml's values: the GEMV on one-hot rows
+    reads back gguf's dequantized weight (within fp32 roundings of terms of the weights'
+    size)."""
+    w = packed(qtype, 32, 512, seed=5)
     eye = torch.eye(512)[::7].contiguous()  # every sub-block and nibble half, 74 rows
     got = torch.cat([int_dot(kernels, eye[i : i + 8].contiguous(), w) for i in range(0, 74, 8)])
     expected = w.dequantize()[:, ::7].t()
@@ -284,7 +290,7 @@ def test_greedy_argmax_is_the_argmax_of_the_full_outputs(kernels, qtype, bits):
     rows[200], rows[57] = rows[31], rows[31]  # three equal rows: a tie whenever row 31 wins
     # row 100 = row 99 but for value 0 (one quantum apart): with x[0] far below its block's
     # largest value, only the low byte planes tell the two apart
-    head = {"Q4_0": 2, "Q4_1": 4, "Q8_0": 2, "Q4_K": 16}[qtype]
+    head = {"Q4_0": 2, "Q4_1": 4, "Q8_0": 2, "Q4_K": 16, "Q6_K": 0}[qtype]
     rows[100] = rows[99]
     rows[100, head] ^= 8 if qtype in K_QTYPES else 1  # K: 8 quanta (sub-block steps are small)
     w = PackedWeight(w.qtype, w.rows, w.cols, rows)

@@ -6,8 +6,10 @@
 
 // Q4_K's 32-value sub-blocks are regrouped as Q4_1 blocks whose scale d * sc and minimum
 // -(dmin * m) are fp32 (the products ggml's dequantizer forms), so every kernel runs them as
-// Q4_1 with another scale load.
-enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8, QT_Q4_K = 12 };
+// Q4_1 with another scale load. Q6_K's 32 values are stored as bytes q (0..63, value q - 32)
+// as Q8_0's are, with two fp32 scales d * sc: one per 16 values, so the two halves of a block
+// sum apart (offset-corrected by the halves' digit sums).
+enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q6_K = 14 };
 #define QK 32
 #define GROUP 16           // weight rows interleaved per group
 #define MAX_ROWS 8         // activation rows per call
@@ -20,8 +22,11 @@ static inline float fp16(const uint8_t* p) {
     return (float)h;
 }
 
+// The format stores one byte per value (Q8_0, Q6_K), else two nibbles.
+static inline int byte_values(int qt) { return qt == QT_Q8_0 || qt == QT_Q6_K; }
+
 // Bytes of one quantized dword block column (4 bytes per row per dword) of a group-block.
-static inline int group_qs_bytes(int qt) { return qt == QT_Q8_0 ? GROUP * QK : GROUP * QK / 2; }
+static inline int group_qs_bytes(int qt) { return byte_values(qt) ? GROUP * QK : GROUP * QK / 2; }
 
 static inline int64_t group_block_bytes(int qt) {
     switch (qt) {
@@ -29,6 +34,7 @@ static inline int64_t group_block_bytes(int qt) {
         case QT_Q4_1: return GROUP * 20;
         case QT_Q8_0: return GROUP * 34;
         case QT_Q4_K: return GROUP * 24;
+        case QT_Q6_K: return GROUP * 40;
         default: return 0;
     }
 }
@@ -36,12 +42,19 @@ static inline int64_t group_block_bytes(int qt) {
 // A weight value is d * q + m per block (Q4_1, Q4_K); Q4_0's is d * (q - 8), Q8_0's d * q.
 static inline int has_min(int qt) { return qt == QT_Q4_1 || qt == QT_Q4_K; }
 
-// Row r's scale d and minimum m in a group-block (after its quantized dwords).
+// Row r's scale d (Q6_K: of the first 16 values; block_scale_high: of the last 16) and
+// minimum m in a group-block (after its quantized dwords).
 static inline float block_scale(int qt, const uint8_t* blk, int r) {
     const uint8_t* at = blk + group_qs_bytes(qt);
-    if (qt != QT_Q4_K) return fp16(at + 2 * r);
+    if (qt != QT_Q4_K && qt != QT_Q6_K) return fp16(at + 2 * r);
     float d;
     memcpy(&d, at + 4 * r, 4);
+    return d;
+}
+
+static inline float block_scale_high(const uint8_t* blk, int r) {
+    float d;
+    memcpy(&d, blk + group_qs_bytes(QT_Q6_K) + 4 * GROUP + 4 * r, 4);
     return d;
 }
 
@@ -60,8 +73,10 @@ typedef struct {
     int8_t* planes;  // [M, 3, K]: the high, middle and low bytes of x_int
     float* scale;    // [M, K / 32]
     float* sum;      // [M, K / 32]: scale * sum of x_int
-    int32_t* psum;   // [M, K / 32, 3]: sum of each byte plane (the Q8_0 offset correction)
+    int32_t* psum;   // [M, K / 32, PSUMS]: sum of each byte plane, then of each plane's
+                     // first 16 values (the Q8_0 and Q6_K offset corrections)
 } IntRows;
+#define PSUMS 6
 
 static inline const int8_t* plane(const IntRows* q, int64_t m, int p, int64_t K) {
     return q->planes + (3 * m + p) * K;
@@ -116,7 +131,8 @@ static inline GroupFn int_dot_group_planes(int P) {
 // The 16 rows' scales and minimums of a group-block (block_scale, block_min).
 ALWAYS_INLINE __m512 block_scales_512(const uint8_t* blk, int qt) {
     const uint8_t* at = blk + group_qs_bytes(qt);
-    return qt == QT_Q4_K ? _mm512_loadu_ps(at) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)at));
+    return qt == QT_Q4_K || qt == QT_Q6_K ? _mm512_loadu_ps(at)
+                                          : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)at));
 }
 
 ALWAYS_INLINE __m512 block_mins_512(const uint8_t* blk, int qt) {
@@ -131,7 +147,7 @@ ALWAYS_INLINE __m512 block_mins_512(const uint8_t* blk, int qt) {
 // One group block's weights as 8 vectors of bytes (16 rows x 32 values): Q8_0's as stored,
 // Q4's low and high nibbles apart (values 0..15). The GEMV and the GEMM read blocks alike.
 ALWAYS_INLINE void unpack_block_512(const uint8_t* blk, int qt, __m512i w[8]) {
-    if (qt == QT_Q8_0) {
+    if (byte_values(qt)) {
         for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(blk + 64 * j);
         return;
     }

@@ -57,7 +57,7 @@ static void pack_rows(const IntRows* q, int P, int64_t M, int64_t K, int8_t* out
             f[TILE_ROWS + r] = q->sum[at];
             f[2 * TILE_ROWS + r] = -8.0f * q->sum[at];
             for (int p = 0; p < 2; p++)
-                ((int32_t*)f)[(3 + p) * TILE_ROWS + r] = p < P ? 128 * q->psum[3 * at + p] : 0;
+                ((int32_t*)f)[(3 + p) * TILE_ROWS + r] = p < P ? 128 * q->psum[PSUMS * at + p] : 0;
         }
 }
 
@@ -174,7 +174,8 @@ static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const ui
                          int nthreads) {
     const int64_t nb = K / QK, gbb = group_block_bytes(qt);
     const int P = planes_of(bits);  // the digit planes that run
-    const int tiled = run == RUN_FAST && P < 3;
+    // Q6_K (two scales a block) runs the GEMV's tiles at every precision
+    const int tiled = run == RUN_FAST && P < 3 && qt != QT_Q6_K;
     const int64_t tile_rows = tiled ? TILE_ROWS : MAX_ROWS;
     // rows a thread runs each of its groups over at a time: their digits stay in L2
     const int64_t block = tile_rows * (K <= 2048 ? ROW_TILES : ROW_TILES / 4);
@@ -195,7 +196,7 @@ static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const ui
             for (int64_t m0 = b0; m0 < b1; m0 += tile_rows) {
                 const int64_t rows = b1 - m0 < tile_rows ? b1 - m0 : tile_rows;
                 const IntRows rows_q = {q.planes + 3 * m0 * K, q.scale + m0 * nb,
-                                        q.sum + m0 * nb, q.psum + 3 * m0 * nb};
+                                        q.sum + m0 * nb, q.psum + PSUMS * m0 * nb};
                 const uint8_t* gw = w + g * nb * gbb;
                 if (tiled)
                     tile(qt, P, gw, nb, &rows_q, chunks + m0 / TILE_ROWS * nb * CHUNK(P), rows, K,

@@ -1,4 +1,4 @@
-// Decode GEMV on Q4_0 / Q4_1 / Q8_0 / Q4_K weights as integer dot products (VNNI), with the
+// Decode GEMV on Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights as integer dot products (VNNI), with the
 // activation row rounded to 24-bit integers per 32-value block (or 16 / 8 bits: `bits`).
 //
 // The fp32 GEMV (quant_kernels.c) spends ~9 vector instructions per 32 weights on unpacking,
@@ -34,7 +34,7 @@
 #define PREFETCH_BYTES 4096  // how far ahead of the weight stream to prefetch (measured)
 
 static inline int supported(int qt) {
-    return qt == QT_Q4_0 || qt == QT_Q4_1 || qt == QT_Q8_0 || qt == QT_Q4_K;
+    return qt == QT_Q4_0 || qt == QT_Q4_1 || qt == QT_Q8_0 || qt == QT_Q4_K || qt == QT_Q6_K;
 }
 
 // Which implementation this build runs: 2 AVX-512 VNNI, 1 AVX2 (VNNI emulated), 0 plain C.
@@ -49,10 +49,12 @@ int tm_int_dot_kind(void) {
 }
 
 int tm_int_dot_supported(int qt, int64_t N, int64_t K) {
-    return supported(qt) && N % GROUP == 0 && K % (qt == QT_Q4_K ? 256 : QK) == 0;
+    const int k_quant = qt == QT_Q4_K || qt == QT_Q6_K;
+    return supported(qt) && N % GROUP == 0 && K % (k_quant ? 256 : QK) == 0;
 }
 
-// Bytes of tm_int_dot_repack's output: the source's, but Q4_K's (fp32 scales per 32 values).
+// Bytes of tm_int_dot_repack's output: the source's, but K-quants' (a byte per Q6_K value,
+// fp32 scales per 32 or 16 values).
 int64_t tm_int_dot_repacked_bytes(int qt, int64_t N, int64_t K) {
     return N / GROUP * (K / QK) * group_block_bytes(qt);
 }
@@ -95,9 +97,37 @@ static void repack_q4_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
 }
 
 // w: N rows of K / 32 ggml blocks; out: N / 16 groups of K / 32 group-blocks.
+// Q6_K super-blocks (ql[128] low 4 bits, qh[64] high 2 bits, 16 int8 scales, d; in each
+// 128-value half n: value 32 k + l of it reads ql[64 n + l + 32 (k % 2)]'s low (k < 2) or high
+// nibble and qh[32 n + l]'s bits 2k, 2k + 1, with scale sc[8 n + l / 16 + 2 k]) as group-blocks:
+// the values q (0..63) as Q8_0's bytes, then the 16 rows' fp32 d * sc of the first 16
+// values, then of the last 16.
+static void repack_q6_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
+    const int64_t nb = K / QK, gbb = group_block_bytes(QT_Q6_K), supers = K / 256;
+    const int qs = group_qs_bytes(QT_Q6_K);
+    for (int64_t g = 0; g < N / GROUP; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t* o = out + (g * nb + b) * gbb;
+            for (int r = 0; r < GROUP; r++) {
+                const uint8_t* sup = w + ((g * GROUP + r) * supers + b / 8) * 210;
+                const int n = (int)(b % 8) / 4, k = (int)(b % 4);
+                const uint8_t *ql = sup + 64 * n + 32 * (k % 2), *qh = sup + 128 + 32 * n;
+                for (int l = 0; l < QK; l++) {
+                    const int low = k < 2 ? ql[l] & 0x0F : ql[l] >> 4;
+                    o[((l / 4) * GROUP + r) * 4 + l % 4] = (uint8_t)(low | (((qh[l] >> (2 * k)) & 3) << 4));
+                }
+                const float d = fp16(sup + 208);
+                for (int h = 0; h < 2; h++) {
+                    const float dh = d * (float)(int8_t)sup[192 + 8 * n + h + 2 * k];
+                    memcpy(o + qs + 4 * GROUP * h + 4 * r, &dh, 4);
+                }
+            }
+        }
+}
+
 void tm_int_dot_repack(const uint8_t* w, int qt, int64_t N, int64_t K, uint8_t* out) {
-    if (qt == QT_Q4_K) {
-        repack_q4_k(w, N, K, out);
+    if (qt == QT_Q4_K || qt == QT_Q6_K) {
+        (qt == QT_Q4_K ? repack_q4_k : repack_q6_k)(w, N, K, out);
         return;
     }
     const int in_block = (int)(group_block_bytes(qt) / GROUP), head = qt == QT_Q4_1 ? 4 : 2;
@@ -143,6 +173,11 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
     const __m128i shift = _mm_cvtsi32_si128(pr.shift);
     __m512i sh = _mm512_setzero_si512(), sm = sh, sl = sh, sv = sh;
     for (int half = 0; half < 2; half++) {
+        if (half) {  // the first 16 values' plane sums
+            psum[3] = _mm512_reduce_add_epi32(sh);
+            psum[4] = _mm512_reduce_add_epi32(sm);
+            psum[5] = _mm512_reduce_add_epi32(sl);
+        }
         __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(half ? x1 : x0, vinv),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         r = _mm512_min_ps(_mm512_max_ps(r, bottom), top);  // max(NaN, b) = b: NaN -> -xmax
@@ -212,6 +247,9 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
     psum[0] = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(h[0], h[1]), _mm256_add_epi32(h[2], h[3])));
     psum[1] = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(md[0], md[1]), _mm256_add_epi32(md[2], md[3])));
     psum[2] = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(l[0], l[1]), _mm256_add_epi32(l[2], l[3])));
+    psum[3] = hsum8_epi32(_mm256_add_epi32(h[0], h[1]));  // the first 16 values'
+    psum[4] = hsum8_epi32(_mm256_add_epi32(md[0], md[1]));
+    psum[5] = hsum8_epi32(_mm256_add_epi32(l[0], l[1]));
 }
 #else
 // Plain C.
@@ -226,8 +264,10 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
     const float inv = amax > 0.0f && nonfinite == 0.0f ? pr.xmax / amax : 0.0f;
     const float s = amax / pr.divisor + nonfinite;  // a NaN scale: NaN out, as fp32 would
     int64_t total = 0;
-    int32_t sums[3] = {0, 0, 0};
+    int32_t sums[PSUMS] = {0};
     for (int j = 0; j < QK; j++) {
+        if (j == QK / 2) memcpy(sums + 3, sums, 3 * sizeof(int32_t));  // the first 16 values'
+
         // fminf(fmaxf(r, -xmax), xmax) (NaN -> -xmax), inlined
         float r = rintf(xb[j] * inv);
         r = r >= -pr.xmax ? r : -pr.xmax;
@@ -258,13 +298,13 @@ void int_dot_quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q, Pre
         for (int64_t b = 0; b < nb; b++) {
             int8_t* hi = q->planes + 3 * m * K + b * QK;
             quantize_block(x + m * K + b * QK, hi, hi + K, hi + 2 * K, q->scale + m * nb + b,
-                           q->sum + m * nb + b, q->psum + 3 * (m * nb + b), pr);
+                           q->sum + m * nb + b, q->psum + PSUMS * (m * nb + b), pr);
         }
 }
 
 IntRows int_dot_alloc_rows(int64_t M, int64_t K, void** buffer) {
     const int64_t nb = K / QK;
-    char* p = malloc((size_t)(3 * M * K + sizeof(float) * 5 * M * nb));
+    char* p = malloc((size_t)(3 * M * K + sizeof(float) * (2 + PSUMS) * M * nb));
     *buffer = p;
     IntRows q = {(int8_t*)p, (float*)(p + 3 * M * K), (float*)(p + 3 * M * K) + M * nb,
                  (int32_t*)((float*)(p + 3 * M * K) + 2 * M * nb)};
@@ -275,7 +315,8 @@ IntRows int_dot_alloc_rows(int64_t M, int64_t K, void** buffer) {
 // byte plane, with the same fp32 operations in every implementation:
 //   f = fma(S_hi, 65536, 256 S_mid + S_lo)  (planes of Q8_0 corrected by -128 * plane sum)
 //   Q4_1: acc = fma(m, sum, fma(f * s, d, acc)); Q4_0: acc = fma(fma(f, s, -8 sum), d, acc);
-//   Q8_0: acc = fma(f * s, d, acc).
+//   Q8_0: acc = fma(f * s, d, acc); Q6_K: that for the first 16 values (S corrected by
+//   -32 * their plane sums, their d), then for the last 16.
 static inline float block_term_c(int qt, const int32_t S[3], float s, float sum, float d,
                                  float mn, float acc) {
     const float f = fmaf((float)S[0], 65536.0f, (float)(256 * S[1] + S[2]));
@@ -290,7 +331,7 @@ static inline float block_term_c(int qt, const int32_t S[3], float s, float sum,
 // it: Q8_0's byte (offset by 128), else a nibble (dword j % 4: low nibbles for j < 4, high
 // ones for j >= 4).
 static inline int stored_weight(int qt, const uint8_t* blk, int r, int j, int t) {
-    if (qt == QT_Q8_0) return blk[(j * GROUP + r) * 4 + t];
+    if (byte_values(qt)) return blk[(j * GROUP + r) * 4 + t];
     const uint8_t byte = blk[((j & 3) * GROUP + r) * 4 + t];
     return j < 4 ? byte & 0x0F : byte >> 4;
 }
@@ -304,17 +345,28 @@ static void group_c_planes(int qt, int planes, const uint8_t* gw, int64_t nb, co
         const uint8_t* blk = gw + b * gbb;
         for (int64_t m = 0; m < M; m++)
             for (int r = 0; r < GROUP; r++) {
-                int32_t S[3] = {0, 0, 0};
+                int32_t S[2][3] = {{0, 0, 0}, {0, 0, 0}};  // Q6_K: the two halves apart
+                const int32_t* psum = q->psum + PSUMS * (m * nb + b);
                 for (int j = 0; j < 8; j++)
                     for (int t = 0; t < 4; t++) {
                         const int w = stored_weight(qt, blk, r, j, t);
-                        for (int p = 0; p < planes; p++) S[p] += w * plane(q, m, p, K)[b * QK + 4 * j + t];
+                        int32_t* Sh = S[qt == QT_Q6_K && j >= 4];
+                        for (int p = 0; p < planes; p++) Sh[p] += w * plane(q, m, p, K)[b * QK + 4 * j + t];
                     }
+                const float s = q->scale[m * nb + b];
+                if (qt == QT_Q6_K) {
+                    for (int p = 0; p < planes; p++) {
+                        S[0][p] -= 32 * psum[3 + p];
+                        S[1][p] -= 32 * (psum[p] - psum[3 + p]);
+                    }
+                    float acc = block_term_c(qt, S[0], s, 0.0f, block_scale(qt, blk, r), 0.0f, out[m][r]);
+                    out[m][r] = block_term_c(qt, S[1], s, 0.0f, block_scale_high(blk, r), 0.0f, acc);
+                    continue;
+                }
                 if (qt == QT_Q8_0)
-                    for (int p = 0; p < planes; p++) S[p] -= 128 * q->psum[3 * (m * nb + b) + p];
+                    for (int p = 0; p < planes; p++) S[0][p] -= 128 * psum[p];
                 const float d = block_scale(qt, blk, r), mn = block_min(qt, blk, r);
-                out[m][r] = block_term_c(qt, S, q->scale[m * nb + b], q->sum[m * nb + b], d, mn,
-                                         out[m][r]);
+                out[m][r] = block_term_c(qt, S[0], s, q->sum[m * nb + b], d, mn, out[m][r]);
             }
     }
 }
@@ -345,6 +397,7 @@ void int_dot_group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, in
         case QT_Q4_1: FOR_ROWS(QT_Q4_1, M, CALL); break; \
         case QT_Q8_0: FOR_ROWS(QT_Q8_0, M, CALL); break; \
         case QT_Q4_K: FOR_ROWS(QT_Q4_K, M, CALL); break; \
+        case QT_Q6_K: FOR_ROWS(QT_Q6_K, M, CALL); break; \
         default: break;                                  \
     }
 
@@ -371,8 +424,34 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
         __m512i w[8];
         unpack_block_512(blk, qt, w);
         const __m512 d = block_scales_512(blk, qt);
+        const __m512 d_high = qt == QT_Q6_K
+            ? _mm512_loadu_ps(blk + group_qs_bytes(qt) + 4 * GROUP) : _mm512_setzero_ps();
 #pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
+            if (qt == QT_Q6_K) {  // the halves apart (dwords 0-3, 4-7), each with its scale
+                const int32_t* psum = q->psum + PSUMS * (m * nb + b);
+                __m512i L[3], H[3];
+                for (int p = 0; p < 3; p++) L[p] = H[p] = _mm512_setzero_si512();
+                for (int p = 0; p < planes; p++) {
+                    const int32_t* xp = (const int32_t*)(plane(q, m, p, K) + b * QK);
+                    for (int j = 0; j < 4; j++) {
+                        L[p] = dpbusd_broadcast(L[p], w[j], xp + j);
+                        H[p] = dpbusd_broadcast(H[p], w[j + 4], xp + j + 4);
+                    }
+                    L[p] = _mm512_sub_epi32(L[p], _mm512_set1_epi32(32 * psum[3 + p]));
+                    H[p] = _mm512_sub_epi32(H[p], _mm512_set1_epi32(32 * (psum[p] - psum[3 + p])));
+                }
+                const __m512 s = _mm512_set1_ps(q->scale[m * nb + b]), k = _mm512_set1_ps(65536.0f);
+                const __m512 fl = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(L[0]), k,
+                    _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(L[1], 8), L[2])));
+                const __m512 fh = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(H[0]), k,
+                    _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(H[1], 8), H[2])));
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(fl, s), d, acc[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(fh, s), d_high, acc[m]);
+                continue;
+            }
             __m512i S[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
             for (int p = 0; p < planes; p++) {
                 const int32_t* xp = (const int32_t*)(plane(q, m, p, K) + b * QK);
@@ -383,7 +462,7 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
                 }
                 S[p] = _mm512_add_epi32(even, odd);
                 if (qt == QT_Q8_0)
-                    S[p] = _mm512_sub_epi32(S[p], _mm512_set1_epi32(128 * q->psum[3 * (m * nb + b) + p]));
+                    S[p] = _mm512_sub_epi32(S[p], _mm512_set1_epi32(128 * q->psum[PSUMS * (m * nb + b) + p]));
             }
             const __m512 f = _mm512_fmadd_ps(
                 _mm512_cvtepi32_ps(S[0]), _mm512_set1_ps(65536.0f),
@@ -425,8 +504,8 @@ void int_dot_group_fast_two(int qt, const uint8_t* gw, int64_t nb, const IntRows
 #elif defined(__AVX2__)
 
 // u8 x s8 dot products of 4-byte groups into int32 lanes: AVX-VNNI where the CPU has it, else
-// pmaddubsw + pmaddwd (exact while a pair of products stays within int16: 4-bit weights, so
-// Q8_0's bytes go in as two nibbles).
+// pmaddubsw + pmaddwd (exact while a pair of products stays within int16: 4- and 6-bit
+// weights, so Q8_0's bytes go in as two nibbles).
 ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 #if defined(__AVXVNNI__)
     return _mm256_dpbusd_avx_epi32(acc, u, s);
@@ -449,7 +528,7 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
             for (int64_t line = 0; line < gbb; line += 64)
                 _mm_prefetch((const char*)blk + PREFETCH_BYTES + line, _MM_HINT_T0);
         __m256i w[8];
-        if (qt == QT_Q8_0) {
+        if (byte_values(qt)) {
             for (int j = 0; j < 8; j++) w[j] = _mm256_loadu_si256((const __m256i*)(blk + 64 * j + 32 * h));
         } else {
             for (int j = 0; j < 4; j++) {
@@ -458,11 +537,37 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
                 w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
             }
         }
-        const __m256 d = qt == QT_Q4_K
+        const __m256 d = qt == QT_Q4_K || qt == QT_Q6_K
             ? _mm256_loadu_ps((const float*)(blk + qs) + 8 * h)
             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + qs + 16 * h)));
+        const __m256 d_high = qt == QT_Q6_K ? _mm256_loadu_ps((const float*)(blk + qs) + GROUP + 8 * h)
+                                            : _mm256_setzero_ps();
 #pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
+            if (qt == QT_Q6_K) {  // the halves apart (dwords 0-3, 4-7), each with its scale
+                const int32_t* psum = q->psum + PSUMS * (m * nb + b);
+                __m256i L[3], H[3];
+                for (int p = 0; p < 3; p++) L[p] = H[p] = _mm256_setzero_si256();
+                for (int p = 0; p < planes; p++) {
+                    const int32_t* xp = (const int32_t*)(plane(q, m, p, K) + b * QK);
+                    for (int j = 0; j < 4; j++) {
+                        L[p] = dot4(L[p], w[j], _mm256_set1_epi32(xp[j]));
+                        H[p] = dot4(H[p], w[j + 4], _mm256_set1_epi32(xp[j + 4]));
+                    }
+                    L[p] = _mm256_sub_epi32(L[p], _mm256_set1_epi32(32 * psum[3 + p]));
+                    H[p] = _mm256_sub_epi32(H[p], _mm256_set1_epi32(32 * (psum[p] - psum[3 + p])));
+                }
+                const __m256 s = _mm256_set1_ps(q->scale[m * nb + b]), k = _mm256_set1_ps(65536.0f);
+                const __m256 fl = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(L[0]), k,
+                    _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(L[1], 8), L[2])));
+                const __m256 fh = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(H[0]), k,
+                    _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(H[1], 8), H[2])));
+                acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(fl, s), d, acc[m]);
+                acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(fh, s), d_high, acc[m]);
+                continue;
+            }
             __m256i S[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
             for (int p = 0; p < planes; p++) {
                 const int32_t* xp = (const int32_t*)(plane(q, m, p, K) + b * QK);
@@ -488,7 +593,7 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
 #endif
                 S[p] = _mm256_add_epi32(even, odd);
                 if (qt == QT_Q8_0)
-                    S[p] = _mm256_sub_epi32(S[p], _mm256_set1_epi32(128 * q->psum[3 * (m * nb + b) + p]));
+                    S[p] = _mm256_sub_epi32(S[p], _mm256_set1_epi32(128 * q->psum[PSUMS * (m * nb + b) + p]));
             }
             const __m256 f = _mm256_fmadd_ps(
                 _mm256_cvtepi32_ps(S[0]), _mm256_set1_ps(65536.0f),
@@ -614,13 +719,15 @@ void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, floa
             const uint8_t* blk = w + (g * nb + b) * gbb;
             float largest = 0.0f;
             for (int r = 0; r < GROUP; r++) {
-                int32_t sum = 0;
+                int32_t sum[2] = {0, 0};  // Q6_K: its halves apart
                 for (int j = 0; j < 8; j++)
                     for (int t = 0; t < 4; t++) {
                         const int v = stored_weight(qt, blk, r, j, t);
-                        sum += qt == QT_Q8_0 ? abs(v - 128) : v;
+                        sum[qt == QT_Q6_K && j >= 4] +=
+                            qt == QT_Q8_0 ? abs(v - 128) : qt == QT_Q6_K ? abs(v - 32) : v;
                     }
-                const float a = fabsf(block_scale(qt, blk, r)) * (float)sum;
+                float a = fabsf(block_scale(qt, blk, r)) * (float)sum[0];
+                if (qt == QT_Q6_K) a += fabsf(block_scale_high(blk, r)) * (float)sum[1];
                 largest = fmaxf(largest, a);
                 totals[r] += a;
                 if (has_min(qt)) totals[r] += 32.0f * fabsf(block_min(qt, blk, r));
@@ -693,7 +800,8 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
                 continue;
             }
             // one activation row on its own (its rows of the planes, scales and sums)
-            IntRows one = {q.planes + 3 * m * K, q.scale + m * nb, q.sum + m * nb, q.psum + 3 * m * nb};
+            IntRows one = {q.planes + 3 * m * K, q.scale + m * nb, q.sum + m * nb,
+                           q.psum + PSUMS * m * nb};
             float best = -INFINITY;
             int64_t best_n = -1;
             for (int64_t g = 0; g < groups; g++) {
