@@ -209,7 +209,7 @@ class KernelConfig:
     """Which kernels run: the A/B switches benchmarks compare. Each is also a TOKENMILL_*
     variable (tokenmill/envs.py), the default when no flag, config key or keyword sets it."""
 
-    # decode rows of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights run the integer-dot GEMV (else the fp32 GEMV)
+    # Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights run the integer-dot kernels (else fp32 GEMV/GEMM)
     int_dot: bool = True
     # up to how many rows the integer-dot kernel runs: None measured once per machine
     # (model/row_kernels.py), a number, or "any"

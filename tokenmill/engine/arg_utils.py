@@ -224,8 +224,8 @@ class EngineArgs:
     ngram_max: int = option(SP + "ngram_max", "longest suffix n-gram looked up", metavar="N")
     # kernel switches: None leaves the $TOKENMILL_* variable's value, else the default (on)
     int_dot: bool | None = option(
-        K + "int_dot", "decode rows of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights run the integer-dot GEMV "
-        "(--no-int-dot: the fp32 GEMV)", default=None, kind="toggle", group=KERNELS,
+        K + "int_dot", "Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights run the integer-dot kernels "
+        "(--no-int-dot: the fp32 GEMV and GEMM)", default=None, kind="toggle", group=KERNELS,
     )  # fmt: skip
     int_dot_max_rows: int | str | None = option(
         K + "int_dot_max_rows", "up to how many rows a step runs the integer-dot kernel rather "

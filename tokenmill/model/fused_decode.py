@@ -1,7 +1,7 @@
 """Decode steps of the native method in one native call for all decoder layers.
 
-When every projection of every layer runs the integer-dot GEMV (packed Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K
-weights, PackedLinear.int_dot) and a step holds only single-token rows (at most 8: the
+When every projection of every layer runs the integer-dot GEMV (packed Q4_0 / Q4_1 / Q8_0 /
+Q4_K / Q6_K weights, PackedLinear.int_dot) and a step holds only single-token rows (at most 8: the
 GEMV's range), `tm_decode_layers` (kernels/csrc/decode_layers.c) runs the layers with the
 same kernels the per-layer path calls, in the same order, minus the ~15 torch and ctypes
 calls per layer that cost about a third of a decode token on the embedded model. Any other

@@ -152,8 +152,9 @@ _DEQUANT_CHUNK_BYTES = 4 << 20
 
 
 def int_dot_decode(weight: PackedWeight) -> bool:
-    """Decode rows of this weight can run the integer-dot GEMV (VNNI or AVX2): Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K with rows in groups of 16, on a build with a vector
-    implementation (KernelConfig.int_dot off keeps the fp32 GEMV)."""
+    """Rows of this weight can run the integer-dot kernels (VNNI or AVX2): Q4_0 / Q4_1 / Q8_0
+    / Q4_K / Q6_K with rows in groups of 16 (K-quants: whole 256-value super-blocks), on a
+    build with a vector implementation (KernelConfig.int_dot off keeps the fp32 GEMV)."""
     return ops.int_dot_kind() > 0 and ops.int_dot_supported(weight)
 
 
