@@ -130,20 +130,27 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
     const int64_t cap = c1 - c0;
     const __m512 scale = _mm512_set1_ps(a->scale);
     const int64_t to_value = a->values - a->keys;  // a key's record to its value's
+    {  // the chunk's keys and values to L2 at once: its records are scattered over blocks,
+       // past the hardware prefetcher, and L2 keeps many more misses in flight than L1
+        int64_t blk = c0 / a->bs, off = c0 % a->bs;
+        for (int64_t t = c0; t < c1; t++) {
+            const float* k = a->keys + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
+            if (++off == a->bs) off = 0, blk++;
+            for (int c = 0; c < V; c++) {
+                _mm_prefetch((const char*)(k + 16 * c), _MM_HINT_T1);
+                _mm_prefetch((const char*)(k + to_value + 16 * c), _MM_HINT_T1);
+            }
+        }
+    }
     const float* kp[16];
     key_tile(a, c0, c1 - c0 < 16 ? c1 - c0 : 16, 16, kp);
     for (int64_t t0 = c0; t0 < c1; t0 += 16) {
-        // the next tile's keys to L1 and this tile's values to L2 while the scores run:
-        // a sequence's records are scattered over its blocks, past the hardware prefetcher
-        const float* next[16];
+        const float* next[16];  // the next tile's keys to L1 while the scores run
         if (t0 + 16 < c1) {
             key_tile(a, t0 + 16, c1 - t0 - 16 < 16 ? c1 - t0 - 16 : 16, 16, next);
             for (int k = 0; k < 16; k++)
                 for (int c = 0; c < V; c++) _mm_prefetch((const char*)(next[k] + 16 * c), _MM_HINT_T0);
         }
-        for (int k = 0; k < 16; k++)
-            for (int c = 0; c < V; c++)
-                _mm_prefetch((const char*)(kp[k] + to_value + 16 * c), _MM_HINT_T1);
         for (int64_t j = 0; j < n; j++) {
             const int64_t visible = vis[j] - t0;  // of this tile's keys
             if (visible <= 0) continue;
