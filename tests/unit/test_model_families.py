@@ -226,3 +226,39 @@ def test_fused_expert_tensors_load_per_expert(tmp_path, family):
     with torch.no_grad():
         ref = model(torch.tensor([PROMPTS[0]])).logits[0]
     assert (sequence_logits(llm.engine.core, PROMPTS[0]) - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_qwen3_decodes_in_one_native_call(tmp_path, qtype, monkeypatch):
+    """Qwen3's layers (per-head q/k norms) run the one-call decoder on packed weights: the
+    per-layer path's bits (its native head norms and RoPE), within the integer-dot bound of
+    the float32 method on the same file, the same greedy tokens alone and batched. Gemma 3's
+    layers (norms around each block) keep the per-layer path."""
+    from tests.family_gguf import write_family_gguf
+    from tests.unit.test_model_parity import INT_DOT_BOUND
+
+    path = tmp_path / f"qwen3-{qtype}.gguf"
+    write_family_gguf(make_family_model("qwen3"), "qwen3", path, qtype)
+    fused = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
+    monkeypatch.setenv("TOKENMILL_FUSED_DECODE", "0")
+    per_layer = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
+    monkeypatch.delenv("TOKENMILL_FUSED_DECODE")
+    reference = LLM(str(path), kv_cache_memory_gib=0.05, weights="float32")
+    for prompt in PROMPTS:
+        a = sequence_logits(fused.engine.core, prompt, chunk_size=1)  # single-token rows
+        b = sequence_logits(per_layer.engine.core, prompt, chunk_size=1)
+        ref = sequence_logits(reference.engine.core, prompt, chunk_size=1)
+        assert torch.equal(a, b)
+        assert (a - ref).abs().max().item() <= max(INT_DOT_BOUND, 1e-3)
+    assert fused.engine.core.model._fused is not None
+    assert per_layer.engine.core.model._fused is None
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    tokens = [o.outputs[0].token_ids for o in fused.generate(prompts, params)]
+    assert tokens == [o.outputs[0].token_ids for o in per_layer.generate(prompts, params)]
+    assert tokens == [o.outputs[0].token_ids for o in reference.generate(prompts, params)]
+    gemma = tmp_path / f"gemma3-{qtype}.gguf"
+    write_family_gguf(make_family_model("gemma3"), "gemma3", gemma, qtype)
+    llm = LLM(str(gemma), kv_cache_memory_gib=0.05, weights="native")
+    llm.generate(prompts[:1], SamplingParams(max_tokens=4))
+    assert llm.engine.core.model._fused is None

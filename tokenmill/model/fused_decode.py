@@ -5,14 +5,16 @@ Q4_K / Q6_K weights, PackedLinear.int_dot) and a step holds only single-token ro
 GEMV's range), `tm_decode_layers` (kernels/csrc/decode_layers.c) runs the layers with the
 same kernels the per-layer path calls, in the same order, minus the ~15 torch and ctypes
 calls per layer that cost about a third of a decode token on the embedded model. Any other
-step, model or method takes the per-layer path.
+step, model or method takes the per-layer path. Llama layers run it, and the families' layers
+of the same shape (models/decoder.py: Qwen2, Qwen3 with its per-head q/k norms, SmolLM3...):
+a SiLU-gated MLP, full-width NeoX RoPE, one attention scale and window for every layer.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,13 +23,21 @@ from tokenmill.model.attention import AttentionMetadata, CPUPagedBackend
 from tokenmill.model.linear import PACKED_GEMV_MAX_ROWS, PackedLinear
 
 
-class DecodeModel(Protocol):
-    """What the fused decoder reads of a model (model/llama.py's DecodeModel)."""
+@dataclass
+class FusedLayer:
+    """One decoder layer as the one-call decoder runs it (the model's own tensors)."""
 
-    config: Any  # ArchConfig
-    layers: Sequence[Any]  # decoder layers: projections and norms
-    rope: Any  # its cos / sin tables
-    method: Any  # how its weights run (fused_decode: whether it may)
+    input_norm: torch.Tensor
+    post_attn_norm: torch.Tensor
+    qkv: Any  # projections: PackedLinear where the layer can run here
+    o: Any
+    gate_up: Any
+    down: Any
+    rope: Any  # RotaryEmbedding: cos / sin tables [positions, head_dim / 2]
+    scale: float  # attention scale
+    window: int | None  # sliding window
+    q_norm: torch.Tensor | None = None  # per-head RMSNorm weights (Qwen3)
+    k_norm: torch.Tensor | None = None
 
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -49,6 +59,8 @@ class DecodeLayer(ctypes.Structure):
         ("o", Projection),
         ("gate_up", Projection),
         ("down", Projection),
+        ("q_norm", _ptr),
+        ("k_norm", _ptr),
     ]
 
 
@@ -85,44 +97,58 @@ def runs_int_dot(linear) -> bool:
 
 
 class FusedDecoder:
-    """The native per-step call for one model and one set of KV caches."""
+    """The native per-step call for one model's layers and one set of KV caches."""
 
-    def __init__(self, model: DecodeModel, kv_caches: list[torch.Tensor], attn: CPUPagedBackend):
-        cfg = model.config
-        self.layers = (DecodeLayer * len(model.layers))()
-        for i, (layer, kv) in enumerate(zip(model.layers, kv_caches, strict=True)):
+    def __init__(self, config: Any, layers: list[FusedLayer], kv_caches: list[torch.Tensor],
+                 attn: CPUPagedBackend):  # fmt: skip
+        self.layers = (DecodeLayer * len(layers))()
+        for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
+            norms = [None if w is None else w.data_ptr() for w in (layer.q_norm, layer.k_norm)]
             self.layers[i] = DecodeLayer(
                 layer.input_norm.data_ptr(),
                 layer.post_attn_norm.data_ptr(),
                 kv.data_ptr(),
-                projection_of(layer.qkv_proj),
-                projection_of(layer.o_proj),
-                projection_of(layer.gate_up_proj),
-                projection_of(layer.down_proj),
+                projection_of(layer.qkv),
+                projection_of(layer.o),
+                projection_of(layer.gate_up),
+                projection_of(layer.down),
+                *norms,
             )
+        first = layers[0]
         self.dims = DecodeDims(
-            cfg.hidden_size,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-            cfg.intermediate_size,
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.intermediate_size,
             attn.block_size,
             kv_caches[0].shape[1],
-            attn.sliding_window or 0,
-            cfg.rms_norm_eps,
-            attn.scale,
-            model.rope.cos.data_ptr(),
-            model.rope.sin.data_ptr(),
+            first.window or 0,
+            config.rms_norm_eps,
+            first.scale,
+            first.rope.cos.data_ptr(),
+            first.rope.sin.data_ptr(),
         )
 
     @staticmethod
-    def supports(model: DecodeModel, kv_caches: list[torch.Tensor], attn) -> bool:
-        projections = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+    def supports(
+        method: Any, layers: list[FusedLayer] | None, kv_caches: list[torch.Tensor], attn
+    ) -> bool:
+        """Every layer has a form here (`layers`), runs every projection on the integer-dot
+        GEMV, and shares the first one's RoPE tables, scale and window."""
+        if not layers or not method.fused_decode or not isinstance(attn, CPUPagedBackend):
+            return False
+        first = layers[0]
         return (
-            model.method.fused_decode
-            and isinstance(attn, CPUPagedBackend)
-            and all(kv.dtype == torch.float32 and kv.is_contiguous() for kv in kv_caches)
-            and all(runs_int_dot(getattr(layer, p)) for layer in model.layers for p in projections)
+            all(kv.dtype == torch.float32 and kv.is_contiguous() for kv in kv_caches)
+            and all(
+                runs_int_dot(p) for x in layers for p in (x.qkv, x.o, x.gate_up, x.down)
+            )
+            and all(
+                x.rope is first.rope and x.scale == first.scale and x.window == first.window
+                and (x.q_norm is None) == (x.k_norm is None)
+                for x in layers
+            )  # fmt: skip
         )
 
     def forward(
@@ -147,6 +173,24 @@ class FusedDecoder:
             torch.get_num_threads(),
         )
         return hidden
+
+
+class FusedDecode:
+    """A model's one-call decoder, built at the first step with a given set of KV caches
+    (None where the model or the step's setup cannot run it)."""
+
+    def __init__(self) -> None:
+        self.decoder: FusedDecoder | None = None
+        self._checked_for: list[torch.Tensor] | None = None
+
+    def get(self, model: Any, kv_caches: list[torch.Tensor], attn) -> FusedDecoder | None:
+        """`model`: config, method and fused_layers(attn) (the layers' forms, or None)."""
+        if self._checked_for is not kv_caches:
+            self._checked_for = kv_caches
+            layers = model.fused_layers(attn) if model.method.fused_decode else None
+            ok = FusedDecoder.supports(model.method, layers, kv_caches, attn)
+            self.decoder = FusedDecoder(model.config, layers, kv_caches, attn) if ok else None
+        return self.decoder
 
 
 def decode_only(meta: AttentionMetadata, num_tokens: int) -> bool:

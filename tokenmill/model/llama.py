@@ -13,7 +13,7 @@ import torch
 from tokenmill.kernels import ops
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
-from tokenmill.model.fused_decode import FusedDecoder, decode_only
+from tokenmill.model.fused_decode import FusedDecode, FusedDecoder, FusedLayer, decode_only
 from tokenmill.model.linear import FloatMethod, dense_table  # noqa: F401 (re-exported)
 from tokenmill.model.packed import PackedWeight, cat_rows
 from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
@@ -111,8 +111,7 @@ class LlamaForCausalLM:
             raise ValueError(f"unused weights in checkpoint: {leftover[:5]}")
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, rope_freq_factors)
         self.rope = RotaryEmbedding(cfg.head_dim, max_positions, inv_freq, method.device)
-        self._fused: FusedDecoder | None = None  # built at the first step it can run
-        self._fused_checked_for: list[torch.Tensor] | None = None
+        self._fused_decode = FusedDecode()  # built at the first step it can run
 
     def forward(
         self,
@@ -132,11 +131,19 @@ class LlamaForCausalLM:
 
     def _fused_decoder(self, kv_caches: list[torch.Tensor], attn) -> FusedDecoder | None:
         """The one-call decode path for these KV caches, when every layer can run it."""
-        if self._fused_checked_for is not kv_caches:
-            self._fused_checked_for = kv_caches
-            supported = FusedDecoder.supports(self, kv_caches, attn)
-            self._fused = FusedDecoder(self, kv_caches, attn) if supported else None
-        return self._fused
+        return self._fused_decode.get(self, kv_caches, attn)
+
+    @property
+    def _fused(self) -> FusedDecoder | None:
+        return self._fused_decode.decoder
+
+    def fused_layers(self, attn) -> list[FusedLayer]:
+        """The layers as the one-call decoder runs them."""
+        return [
+            FusedLayer(x.input_norm, x.post_attn_norm, x.qkv_proj, x.o_proj, x.gate_up_proj,
+                       x.down_proj, self.rope, attn.scale, attn.sliding_window)  # fmt: skip
+            for x in self.layers
+        ]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + lm_head, only for the rows that get sampled."""

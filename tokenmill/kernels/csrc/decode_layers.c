@@ -1,5 +1,6 @@
 // A decode step's decoder layers in one call: for a batch of up to 8 single-token rows, each
-// Llama layer's RMSNorm -> qkv -> RoPE -> KV write -> paged attention -> o (+ residual) ->
+// layer's RMSNorm -> qkv -> (per-head q/k RMSNorm: Qwen3) -> RoPE -> KV write -> paged
+// attention -> o (+ residual) ->
 // RMSNorm -> gate_up -> SiLU * up -> down (+ residual), every projection on the
 // integer-dot GEMV (int_dot_kernels.c). The same kernels the per-layer Python path calls, in
 // the same order, without ~15 torch/ctypes calls per layer (about a third of a decode token).
@@ -23,6 +24,8 @@ typedef struct {  // the layout mirrors DecodeLayer in tokenmill/model/fused_dec
     const float* post_attn_norm;
     float* kv_cache;  // [2, num_blocks, block_size * nkv * hd]
     Projection qkv, o, gate_up, down;
+    const float* q_norm;  // per-head RMSNorm weights of q and k (NULL: none)
+    const float* k_norm;
 } DecodeLayer;
 
 typedef struct {  // mirrors DecodeDims
@@ -84,6 +87,12 @@ void tm_decode_layers(const DecodeLayer* layers, int64_t n_layers, const DecodeD
         const DecodeLayer* L = layers + l;
         tm_rmsnorm(hidden, L->input_norm, M, H, d->eps, normed, nthreads);
         linear(&L->qkv, normed, M, H, wide_out, 0, nthreads);
+        if (L->q_norm)  // in place, a head a row: the per-layer path's tm_rmsnorm calls
+            for (int64_t m = 0; m < M; m++) {
+                float* row = wide_out + m * qkv_rows;
+                tm_rmsnorm(row, L->q_norm, d->heads, hd, d->eps, row, 1);
+                tm_rmsnorm(row + q_size, L->k_norm, d->kv_heads, hd, d->eps, row + q_size, 1);
+            }
         tm_rope_neox(wide_out, M, qkv_rows, d->heads + d->kv_heads, hd, step->positions, d->cos,
                      d->sin, nthreads);
         float* values = L->kv_cache + d->num_blocks * d->block_size * kv_size;

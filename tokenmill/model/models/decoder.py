@@ -9,8 +9,9 @@ import torch
 
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
+from tokenmill.model.fused_decode import FusedDecode, FusedDecoder, FusedLayer, decode_only
 from tokenmill.model.linear import FloatMethod
-from tokenmill.model.models.layers import SelfAttention
+from tokenmill.model.models.layers import GatedMLP, SelfAttention
 from tokenmill.model.models.moe import (
     Routing,
     SparseMoE,
@@ -46,6 +47,21 @@ class DecoderLayer:
             self.pre_ff_norm = norm("pre_feedforward_layernorm.weight")
             self.post_ff_norm = norm("post_feedforward_layernorm.weight")
         self.method, self.eps = method, cfg.rms_norm_eps
+
+    def fused_layer(self) -> FusedLayer | None:
+        """The layer as the one-call decoder runs it: pre-norm attention (q/k norms per head
+        or none, full-width RoPE, no sinks or clipping) and a SiLU-gated MLP; else None."""
+        a, mlp = self.self_attn, self.mlp
+        if (
+            self.sandwich or not isinstance(mlp, GatedMLP) or mlp.act != "silu"
+            or a.qk_norm not in (None, "head") or a.sinks is not None or a.clip is not None
+            or not a.native_rope
+        ):  # fmt: skip
+            return None
+        return FusedLayer(
+            self.input_norm, self.post_attn_norm, a.qkv_proj, a.o_proj, mlp.gate_up_proj,
+            mlp.down_proj, a.rope, a.scale, a.window, a.q_norm, a.k_norm,
+        )  # fmt: skip
 
     def forward(
         self,
@@ -106,6 +122,7 @@ class DecoderModel:
         if cfg.rope_local_theta is not None:
             self.local_rope = build_rotary(cfg, max_positions, cfg.rope_local_theta, device=device)
         self.layers = [DecoderLayer(self, weights, i) for i in range(cfg.num_hidden_layers)]
+        self._fused_decode = FusedDecode()  # built at the first step it can run
         self.norm = norm_weight(
             method, weights.pop("model.norm.weight"), self.norm_offset, self.fp32_norms
         )
@@ -145,9 +162,25 @@ class DecoderModel:
         hidden = self.embed_tokens[input_ids]
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
+        fused = self._fused_decoder(kv_caches, attn)
+        if fused is not None and decode_only(meta, hidden.shape[0]):
+            return fused.forward(hidden, positions, meta)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(hidden, positions, attn, kv_cache, meta)
         return hidden
+
+    def _fused_decoder(self, kv_caches: list[torch.Tensor], attn) -> FusedDecoder | None:
+        """The one-call decode path for these KV caches, when every layer can run it."""
+        return self._fused_decode.get(self, kv_caches, attn)
+
+    @property
+    def _fused(self) -> FusedDecoder | None:
+        return self._fused_decode.decoder
+
+    def fused_layers(self, attn) -> list[FusedLayer] | None:
+        """The layers as the one-call decoder runs them; None where one cannot."""
+        layers = [layer.fused_layer() for layer in self.layers]
+        return None if any(x is None for x in layers) else layers
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_norm(self.method, hidden, self.norm, self.config.rms_norm_eps)

@@ -11,10 +11,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from tokenmill.kernels import ops
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
 from tokenmill.model.linear import FloatMethod
-from tokenmill.model.models.norms import fp32_param, head_norm, norm_weight
+from tokenmill.model.models.norms import fp32_param, head_norm, native_head_norm, norm_weight
 from tokenmill.model.packed import as_float, cat_rows
 from tokenmill.model.rotary import RotaryEmbedding
 
@@ -62,6 +63,12 @@ class SelfAttention:
         self.window = cfg.layer_window(layer)
         scalar = cfg.query_pre_attn_scalar
         self.scale = (scalar if scalar is not None else cfg.head_dim) ** -0.5
+        # the native method with full-width RoPE runs the native RoPE and head norms (the
+        # one-call decoder's, so the two paths give the same bits)
+        self.native_rope = (
+            method.native and ops.kernels_available()
+            and getattr(rope, "rotary_dim", cfg.head_dim) == cfg.head_dim
+        )  # fmt: skip
 
     def forward(
         self,
@@ -80,9 +87,17 @@ class SelfAttention:
         if self.qk_norm == "proj":  # OLMoE: one norm over all heads
             q, k = head_norm(q, self.q_norm, self.eps), head_norm(k, self.k_norm, self.eps)
         q, k = q.reshape(t, self.num_heads, hd), k.reshape(t, self.num_kv_heads, hd)
-        if self.qk_norm == "head":
-            q, k = head_norm(q, self.q_norm, self.eps), head_norm(k, self.k_norm, self.eps)
-        q, k = self.rope.apply(positions, q), self.rope.apply(positions, k)
+        if self.native_rope and q.dtype == torch.float32:  # the one-call decoder's kernels
+            if self.qk_norm == "head":
+                q, k = native_head_norm(q, self.q_norm, self.eps), native_head_norm(k, self.k_norm, self.eps)
+            q, k = q.contiguous(), k.contiguous()
+            for x, heads in ((q, self.num_heads), (k, self.num_kv_heads)):
+                ops.rope_neox_(x.view(t, heads * hd), heads, hd, positions, self.rope.cos,
+                               self.rope.sin)  # fmt: skip
+        else:
+            if self.qk_norm == "head":
+                q, k = head_norm(q, self.q_norm, self.eps), head_norm(k, self.k_norm, self.eps)
+            q, k = self.rope.apply(positions, q), self.rope.apply(positions, k)
         v = v.reshape(t, self.num_kv_heads, hd)
         layer_attn = attn.for_layer(self.window, self.scale, self.sinks)
         out = layer_attn.forward(q.contiguous(), k.contiguous(), v, kv_cache, meta)

@@ -58,3 +58,9 @@ def head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     if x.dtype != torch.float32:
         return _low_precision_norm(x, weight, eps)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def native_head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """head_norm on float32 [T, heads, head_dim] with the native RMSNorm, a head a row."""
+    t, heads, hd = x.shape
+    return ops.rmsnorm(x.reshape(t * heads, hd), weight, eps).view(t, heads, hd)
