@@ -77,9 +77,9 @@ def reference(q, kv, table, starts, lens, nkv, scale, window):
     return out
 
 
-# (heads, KV heads, head size, window): GQA groups of 3 and 1, 16 (the vector body's most) and
-# 32 (past it: the portable body), head sizes 64 / 128 / 96 / 256 and 40 (not a multiple of
-# the lanes: portable), sliding windows shorter than a key tile and than a chunk
+# (heads, KV heads, head size, window): GQA groups of 3 and 1, 16 (32 positions a task), 32
+# and 64 (fewer positions a task), head sizes 64 / 128 / 96 / 256 and 40 (not a multiple of
+# the lanes: the portable body), sliding windows shorter than a key tile and than a chunk
 SHAPES = [
     (9, 3, 64, 0),
     (8, 8, 128, 0),

@@ -3,9 +3,10 @@
 // causally, within an optional sliding window, to their sequence's keys. Flash-attention
 // style, all chunks of a step in one call.
 //
-// A task is one KV head and a tile of up to QUERY_TILE consecutive positions of one chunk; its
-// rows are the tile's positions times the query heads sharing the KV head (GQA), so each key a
-// task reads serves all of them. Keys go in tiles of KEY_TILE positions at fixed multiples of
+// A task is one KV head and a tile of up to QUERY_TILE consecutive positions of one chunk
+// (fewer where more than GROUP_MAX query heads share a KV head); its rows are the tile's
+// positions times the query heads sharing the KV head (GQA), so each key a task reads serves
+// all of them. Keys go in tiles of KEY_TILE positions at fixed multiples of
 // KEY_TILE. A task transposes each key tile once (dimension-major: KEY_TILE keys a line), then
 // every block of ROWS rows takes the tile's scores as a register-blocked product (ROWS x
 // KEY_TILE accumulators over the head dimension), an online-softmax update and the values'
@@ -27,7 +28,7 @@
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 #define QUERY_TILE 32  // positions per task
-#define GROUP_MAX 16   // query heads per KV head the vector body takes
+#define GROUP_MAX 16   // query heads per KV head a task takes QUERY_TILE positions of
 
 typedef struct {
     const float* keys;    // the layer's K records
@@ -255,29 +256,32 @@ void tm_paged_attention_prefill(const float* q, int64_t q_stride, const float* k
                                 int64_t hd, int64_t bs, float scale, int64_t window, float* out,
                                 int nthreads) {
     const int64_t G = nh / nkv, rec = nkv * hd;
+    // positions per task: a task's rows (positions x G) stay within QUERY_TILE * GROUP_MAX
+    const int64_t tile = G <= GROUP_MAX ? QUERY_TILE
+                       : G < QUERY_TILE * GROUP_MAX ? QUERY_TILE * GROUP_MAX / G : 1;
     const float* vbase = kv + num_blocks * bs * rec;
     // tasks: (chunk, tile, KV head), the longest rows first (dynamic scheduling)
     int64_t ntasks = 0;
     for (int64_t c = 0; c < C; c++)
-        ntasks += nkv * ((query_start[c + 1] - query_start[c] + QUERY_TILE - 1) / QUERY_TILE);
+        ntasks += nkv * ((query_start[c + 1] - query_start[c] + tile - 1) / tile);
     int64_t* tasks = malloc(sizeof(int64_t) * 3 * (size_t)(ntasks + 1));
     int64_t t = 0;
     for (int64_t c = 0; c < C; c++) {
         const int64_t n = query_start[c + 1] - query_start[c];
-        for (int64_t i0 = (n - 1) / QUERY_TILE * QUERY_TILE; i0 >= 0; i0 -= QUERY_TILE)
+        for (int64_t i0 = (n - 1) / tile * tile; i0 >= 0; i0 -= tile)
             for (int64_t h = 0; h < nkv; h++) tasks[3 * t] = c, tasks[3 * t + 1] = i0, tasks[3 * t + 2] = h, t++;
     }
     int64_t max_ctx = 0;
     for (int64_t c = 0; c < C; c++) max_ctx = context_lens[c] > max_ctx ? context_lens[c] : max_ctx;
 #if defined(VECTOR_BODY)
-    const int vector = hd % W == 0 && G <= GROUP_MAX;
+    const int vector = hd % W == 0 && G <= QUERY_TILE * GROUP_MAX;
 #else
     const int vector = 0;
 #endif
 #pragma omp parallel num_threads(nthreads)
     {
 #if defined(VECTOR_BODY)
-        const int64_t rows = ((QUERY_TILE * G + ROWS - 1) / ROWS) * ROWS;
+        const int64_t rows = ((tile * G + ROWS - 1) / ROWS) * ROWS;
         Scratch w = {0};
         float* buf = NULL;
         if (vector) {
@@ -292,7 +296,7 @@ void tm_paged_attention_prefill(const float* q, int64_t q_stride, const float* k
         for (int64_t i = 0; i < ntasks; i++) {
             const int64_t c = tasks[3 * i], i0 = tasks[3 * i + 1], kh = tasks[3 * i + 2];
             const int64_t n0 = query_start[c + 1] - query_start[c];
-            const int64_t n = n0 - i0 < QUERY_TILE ? n0 - i0 : QUERY_TILE;
+            const int64_t n = n0 - i0 < tile ? n0 - i0 : tile;
             const int64_t p0 = context_lens[c] - n0 + i0, row = query_start[c] + i0;
             const Keys a = {kv, vbase, block_table + c * max_blocks, bs, rec, kh * hd};
 #if defined(VECTOR_BODY)
