@@ -5,10 +5,12 @@
 #include <string.h>
 
 // Q4_K's 32-value sub-blocks are regrouped as Q4_1 blocks whose scale d * sc and minimum
-// -(dmin * m) are fp32 (the products ggml's dequantizer forms), so every kernel runs them as
-// Q4_1 with another scale load. Q6_K's 32 values are stored as bytes q (0..63, value q - 32)
-// as Q8_0's are, with two fp32 scales d * sc: one per 16 values, so the two halves of a block
-// sum apart (offset-corrected by the halves' digit sums).
+// -(dmin * m) the kernels form in fp32 (the products ggml's dequantizer forms) from the
+// sub-block's 6-bit sc and m, kept a byte each, and the super-block's fp16 d and dmin, kept
+// once per 8 blocks after the group's blocks; so every kernel runs them as Q4_1 with another
+// scale load. Q6_K's 32 values are stored as bytes q (0..63, value q - 32) as Q8_0's are, with
+// two int8 scales sc (one per 16 values; the super-block's d after the group's blocks), so the
+// two halves of a block sum apart (offset-corrected by the halves' digit sums).
 enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q6_K = 14 };
 #define QK 32
 #define GROUP 16           // weight rows interleaved per group
@@ -33,38 +35,49 @@ static inline int64_t group_block_bytes(int qt) {
         case QT_Q4_0: return GROUP * 18;
         case QT_Q4_1: return GROUP * 20;
         case QT_Q8_0: return GROUP * 34;
-        case QT_Q4_K: return GROUP * 24;
-        case QT_Q6_K: return GROUP * 40;
+        case QT_Q4_K: return GROUP * 18;
+        case QT_Q6_K: return GROUP * 34;
         default: return 0;
     }
+}
+
+static inline int k_quant(int qt) { return qt == QT_Q4_K || qt == QT_Q6_K; }
+
+// Bytes of a group's super-block scales (K-quants, 8 blocks each): the 16 rows' fp16 d
+// (and Q4_K's dmin).
+static inline int super_bytes(int qt) { return qt == QT_Q4_K ? 4 * GROUP : qt == QT_Q6_K ? 2 * GROUP : 0; }
+
+// Bytes of one 16-row group: its nb group-blocks, then (K-quants) its super-blocks' scales.
+static inline int64_t group_bytes(int qt, int64_t nb) {
+    return nb * group_block_bytes(qt) + nb / 8 * super_bytes(qt);
+}
+
+// The super-block scales of block b of the group at gw (NULL: not a K-quant).
+static inline const uint8_t* super_scales(int qt, const uint8_t* gw, int64_t nb, int64_t b) {
+    return k_quant(qt) ? gw + nb * group_block_bytes(qt) + b / 8 * super_bytes(qt) : NULL;
 }
 
 // A weight value is d * q + m per block (Q4_1, Q4_K); Q4_0's is d * (q - 8), Q8_0's d * q.
 static inline int has_min(int qt) { return qt == QT_Q4_1 || qt == QT_Q4_K; }
 
 // Row r's scale d (Q6_K: of the first 16 values; block_scale_high: of the last 16) and
-// minimum m in a group-block (after its quantized dwords).
-static inline float block_scale(int qt, const uint8_t* blk, int r) {
+// minimum m of a group-block (after its quantized dwords; sup: its super-block scales).
+static inline float block_scale(int qt, const uint8_t* blk, const uint8_t* sup, int r) {
     const uint8_t* at = blk + group_qs_bytes(qt);
-    if (qt != QT_Q4_K && qt != QT_Q6_K) return fp16(at + 2 * r);
-    float d;
-    memcpy(&d, at + 4 * r, 4);
-    return d;
+    if (qt == QT_Q4_K) return fp16(sup + 2 * r) * (float)at[r];
+    if (qt == QT_Q6_K) return fp16(sup + 2 * r) * (float)(int8_t)at[r];
+    return fp16(at + 2 * r);
 }
 
-static inline float block_scale_high(const uint8_t* blk, int r) {
-    float d;
-    memcpy(&d, blk + group_qs_bytes(QT_Q6_K) + 4 * GROUP + 4 * r, 4);
-    return d;
+static inline float block_scale_high(const uint8_t* blk, const uint8_t* sup, int r) {
+    return fp16(sup + 2 * r) * (float)(int8_t)blk[group_qs_bytes(QT_Q6_K) + GROUP + r];
 }
 
-static inline float block_min(int qt, const uint8_t* blk, int r) {
+static inline float block_min(int qt, const uint8_t* blk, const uint8_t* sup, int r) {
     const uint8_t* at = blk + group_qs_bytes(qt);
     if (qt == QT_Q4_1) return fp16(at + 2 * GROUP + 2 * r);
-    if (qt != QT_Q4_K) return 0.0f;
-    float m;
-    memcpy(&m, at + 4 * GROUP + 4 * r, 4);
-    return m;
+    if (qt == QT_Q4_K) return -(fp16(sup + 2 * GROUP + 2 * r) * (float)at[GROUP + r]);
+    return 0.0f;
 }
 
 // ---------------------------------------------------------------- activation rows
@@ -128,16 +141,34 @@ static inline GroupFn int_dot_group_planes(int P) {
 }
 
 #if defined(__AVX512F__)
-// The 16 rows' scales and minimums of a group-block (block_scale, block_min).
-ALWAYS_INLINE __m512 block_scales_512(const uint8_t* blk, int qt) {
-    const uint8_t* at = blk + group_qs_bytes(qt);
-    return qt == QT_Q4_K || qt == QT_Q6_K ? _mm512_loadu_ps(at)
-                                          : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)at));
+// fp16 d[16] at sup times the 16 scale bytes at sc (unsigned: Q4_K's, else int8): the same
+// fp32 products as block_scale's.
+ALWAYS_INLINE __m512 super_times_512(const uint8_t* sup, const uint8_t* sc, int is_signed) {
+    const __m128i b = _mm_loadu_si128((const __m128i*)sc);
+    const __m512i v = is_signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)sup)),
+                         _mm512_cvtepi32_ps(v));
 }
 
-ALWAYS_INLINE __m512 block_mins_512(const uint8_t* blk, int qt) {
+// The 16 rows' scales and minimums of a group-block (block_scale, block_min; Q6_K: of the
+// first 16 values, block_scales_high_512: of the last 16).
+ALWAYS_INLINE __m512 block_scales_512(const uint8_t* blk, int qt, const uint8_t* sup) {
     const uint8_t* at = blk + group_qs_bytes(qt);
-    if (qt == QT_Q4_K) return _mm512_loadu_ps(at + 4 * GROUP);
+    if (k_quant(qt)) return super_times_512(sup, at, qt == QT_Q6_K);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)at));
+}
+
+ALWAYS_INLINE __m512 block_scales_high_512(const uint8_t* blk, const uint8_t* sup) {
+    return super_times_512(sup, blk + group_qs_bytes(QT_Q6_K) + GROUP, 1);
+}
+
+ALWAYS_INLINE __m512 block_mins_512(const uint8_t* blk, int qt, const uint8_t* sup) {
+    const uint8_t* at = blk + group_qs_bytes(qt);
+    if (qt == QT_Q4_K) {  // -(dmin * m), the sign flipped exactly
+        const __m512 p = super_times_512(sup + 2 * GROUP, at + GROUP, 0);
+        return _mm512_castsi512_ps(
+            _mm512_xor_si512(_mm512_castps_si512(p), _mm512_set1_epi32((int)0x80000000u)));
+    }
     return qt == QT_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(at + 2 * GROUP)))
                          : _mm512_setzero_ps();
 }

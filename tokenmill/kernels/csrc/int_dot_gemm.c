@@ -93,7 +93,8 @@ ALWAYS_INLINE void tile_avx512_t(int qt, int P, int ROWS, const uint8_t* gw, int
         const int32_t* off = (const int32_t*)f + 3 * TILE_ROWS;
         __m512i w[8];
         unpack_block_512(blk, qt, w);
-        const __m512 d = block_scales_512(blk, qt), mn = block_mins_512(blk, qt);
+        const uint8_t* sup = super_scales(qt, gw, nb, b);
+        const __m512 d = block_scales_512(blk, qt, sup), mn = block_mins_512(blk, qt, sup);
 #pragma GCC unroll 16
         for (int m = 0; m < ROWS; m++) {
             __m512i S0 = plane_dot(w, c + m * QK);
@@ -172,7 +173,7 @@ typedef enum { RUN_FAST, RUN_REFERENCE } Run;
 static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const uint8_t* w, int qt,
                          int64_t N, const float* bias, float* y, int accumulate, int bits,
                          int nthreads) {
-    const int64_t nb = K / QK, gbb = group_block_bytes(qt);
+    const int64_t nb = K / QK;
     const int P = planes_of(bits);  // the digit planes that run
     // Q6_K (two scales a block) runs the GEMV's tiles at every precision
     const int tiled = run == RUN_FAST && P < 3 && qt != QT_Q6_K;
@@ -197,7 +198,7 @@ static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const ui
                 const int64_t rows = b1 - m0 < tile_rows ? b1 - m0 : tile_rows;
                 const IntRows rows_q = {q.planes + 3 * m0 * K, q.scale + m0 * nb,
                                         q.sum + m0 * nb, q.psum + PSUMS * m0 * nb};
-                const uint8_t* gw = w + g * nb * gbb;
+                const uint8_t* gw = w + g * group_bytes(qt, nb);
                 if (tiled)
                     tile(qt, P, gw, nb, &rows_q, chunks + m0 / TILE_ROWS * nb * CHUNK(P), rows, K,
                          out);

@@ -53,10 +53,10 @@ int tm_int_dot_supported(int qt, int64_t N, int64_t K) {
     return supported(qt) && N % GROUP == 0 && K % (k_quant ? 256 : QK) == 0;
 }
 
-// Bytes of tm_int_dot_repack's output: the source's, but K-quants' (a byte per Q6_K value,
-// fp32 scales per 32 or 16 values).
+// Bytes of tm_int_dot_repack's output: the source's, but K-quants' (Q4_K: a byte for each
+// sub-block's scale and minimum; Q6_K: a byte a value).
 int64_t tm_int_dot_repacked_bytes(int qt, int64_t N, int64_t K) {
-    return N / GROUP * (K / QK) * group_block_bytes(qt);
+    return N / GROUP * group_bytes(qt, K / QK);
 }
 
 // ggml's get_scale_min_k4: sub-block j's 6-bit scale and minimum in a Q4_K super-block.
@@ -72,13 +72,15 @@ static void q4_k_scale_min(int j, const uint8_t* q, int* sc, int* m) {
 // Q4_K super-blocks (d, dmin, 12 scale bytes, 128 quant bytes: sub-block j's values are the
 // low (j even) or high nibbles of bytes 32 (j / 2) ..) as Q4_1-like group-blocks: each
 // sub-block's 32 nibbles in Q4_1's order (byte i: values i and i + 16), then the 16 rows'
-// fp32 d * sc, then their fp32 -(dmin * m).
+// sc, then their m; after a group's blocks, per super-block the rows' fp16 d, then dmin.
 static void repack_q4_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
     const int64_t nb = K / QK, gbb = group_block_bytes(QT_Q4_K), supers = K / 256;
     const int qs = group_qs_bytes(QT_Q4_K);
     for (int64_t g = 0; g < N / GROUP; g++)
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t* o = out + (g * nb + b) * gbb;
+            uint8_t* gw = out + g * group_bytes(QT_Q4_K, nb);
+            uint8_t* o = gw + b * gbb;
+            uint8_t* s = (uint8_t*)super_scales(QT_Q4_K, gw, nb, b);
             for (int r = 0; r < GROUP; r++) {
                 const uint8_t* sup = w + ((g * GROUP + r) * supers + b / 8) * 144;
                 const int j = (int)(b % 8);
@@ -89,9 +91,9 @@ static void repack_q4_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
                 for (int l = 0; l < QK; l++) v[l] = j % 2 ? q[l] >> 4 : q[l] & 0x0F;
                 for (int i = 0; i < QK / 2; i++)  // dword i / 4, byte i % 4 of row r
                     o[((i / 4) * GROUP + r) * 4 + i % 4] = (uint8_t)(v[i] | (v[i + 16] << 4));
-                const float d = fp16(sup) * (float)sc, mn = -(fp16(sup + 2) * (float)m);
-                memcpy(o + qs + 4 * r, &d, 4);
-                memcpy(o + qs + 4 * GROUP + 4 * r, &mn, 4);
+                o[qs + r] = (uint8_t)sc, o[qs + GROUP + r] = (uint8_t)m;
+                memcpy(s + 2 * r, sup, 2);                  // d
+                memcpy(s + 2 * GROUP + 2 * r, sup + 2, 2);  // dmin
             }
         }
 }
@@ -100,14 +102,16 @@ static void repack_q4_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
 // Q6_K super-blocks (ql[128] low 4 bits, qh[64] high 2 bits, 16 int8 scales, d; in each
 // 128-value half n: value 32 k + l of it reads ql[64 n + l + 32 (k % 2)]'s low (k < 2) or high
 // nibble and qh[32 n + l]'s bits 2k, 2k + 1, with scale sc[8 n + l / 16 + 2 k]) as group-blocks:
-// the values q (0..63) as Q8_0's bytes, then the 16 rows' fp32 d * sc of the first 16
-// values, then of the last 16.
+// the values q (0..63) as Q8_0's bytes, then the 16 rows' sc of the first 16 values, then
+// of the last 16; after a group's blocks, per super-block the rows' fp16 d.
 static void repack_q6_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
     const int64_t nb = K / QK, gbb = group_block_bytes(QT_Q6_K), supers = K / 256;
     const int qs = group_qs_bytes(QT_Q6_K);
     for (int64_t g = 0; g < N / GROUP; g++)
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t* o = out + (g * nb + b) * gbb;
+            uint8_t* gw = out + g * group_bytes(QT_Q6_K, nb);
+            uint8_t* o = gw + b * gbb;
+            uint8_t* s = (uint8_t*)super_scales(QT_Q6_K, gw, nb, b);
             for (int r = 0; r < GROUP; r++) {
                 const uint8_t* sup = w + ((g * GROUP + r) * supers + b / 8) * 210;
                 const int n = (int)(b % 8) / 4, k = (int)(b % 4);
@@ -116,11 +120,8 @@ static void repack_q6_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
                     const int low = k < 2 ? ql[l] & 0x0F : ql[l] >> 4;
                     o[((l / 4) * GROUP + r) * 4 + l % 4] = (uint8_t)(low | (((qh[l] >> (2 * k)) & 3) << 4));
                 }
-                const float d = fp16(sup + 208);
-                for (int h = 0; h < 2; h++) {
-                    const float dh = d * (float)(int8_t)sup[192 + 8 * n + h + 2 * k];
-                    memcpy(o + qs + 4 * GROUP * h + 4 * r, &dh, 4);
-                }
+                for (int h = 0; h < 2; h++) o[qs + GROUP * h + r] = sup[192 + 8 * n + h + 2 * k];
+                memcpy(s + 2 * r, sup + 208, 2);  // d
             }
         }
 }
@@ -342,7 +343,7 @@ static void group_c_planes(int qt, int planes, const uint8_t* gw, int64_t nb, co
     for (int64_t m = 0; m < M; m++)
         for (int r = 0; r < GROUP; r++) out[m][r] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t* blk = gw + b * gbb;
+        const uint8_t *blk = gw + b * gbb, *sup = super_scales(qt, gw, nb, b);
         for (int64_t m = 0; m < M; m++)
             for (int r = 0; r < GROUP; r++) {
                 int32_t S[2][3] = {{0, 0, 0}, {0, 0, 0}};  // Q6_K: the two halves apart
@@ -359,13 +360,15 @@ static void group_c_planes(int qt, int planes, const uint8_t* gw, int64_t nb, co
                         S[0][p] -= 32 * psum[3 + p];
                         S[1][p] -= 32 * (psum[p] - psum[3 + p]);
                     }
-                    float acc = block_term_c(qt, S[0], s, 0.0f, block_scale(qt, blk, r), 0.0f, out[m][r]);
-                    out[m][r] = block_term_c(qt, S[1], s, 0.0f, block_scale_high(blk, r), 0.0f, acc);
+                    float acc = block_term_c(qt, S[0], s, 0.0f, block_scale(qt, blk, sup, r), 0.0f,
+                                             out[m][r]);
+                    out[m][r] = block_term_c(qt, S[1], s, 0.0f, block_scale_high(blk, sup, r), 0.0f,
+                                             acc);
                     continue;
                 }
                 if (qt == QT_Q8_0)
                     for (int p = 0; p < planes; p++) S[0][p] -= 128 * psum[p];
-                const float d = block_scale(qt, blk, r), mn = block_min(qt, blk, r);
+                const float d = block_scale(qt, blk, sup, r), mn = block_min(qt, blk, sup, r);
                 out[m][r] = block_term_c(qt, S[0], s, q->sum[m * nb + b], d, mn, out[m][r]);
             }
     }
@@ -418,14 +421,13 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
     __m512 acc[MAX_ROWS];
     for (int64_t m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t* blk = gw + b * gbb;
+        const uint8_t *blk = gw + b * gbb, *sup = super_scales(qt, gw, nb, b);
         for (int64_t line = 0; line < gbb; line += 64)  // the stream runs ahead of the prefetcher
             _mm_prefetch((const char*)blk + PREFETCH_BYTES + line, _MM_HINT_T0);
         __m512i w[8];
         unpack_block_512(blk, qt, w);
-        const __m512 d = block_scales_512(blk, qt);
-        const __m512 d_high = qt == QT_Q6_K
-            ? _mm512_loadu_ps(blk + group_qs_bytes(qt) + 4 * GROUP) : _mm512_setzero_ps();
+        const __m512 d = block_scales_512(blk, qt, sup), mn = block_mins_512(blk, qt, sup);
+        const __m512 d_high = qt == QT_Q6_K ? block_scales_high_512(blk, sup) : _mm512_setzero_ps();
 #pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
             if (qt == QT_Q6_K) {  // the halves apart (dwords 0-3, 4-7), each with its scale
@@ -474,7 +476,7 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
             } else {
                 acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(f, _mm512_set1_ps(s)), d, acc[m]);
                 if (has_min(qt))
-                    acc[m] = _mm512_fmadd_ps(block_mins_512(blk, qt), _mm512_set1_ps(sum), acc[m]);
+                    acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sum), acc[m]);
             }
         }
     }
@@ -514,6 +516,14 @@ ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
+// fp16 d[8] at sup times the 8 scale bytes at sc (unsigned: Q4_K's, else int8): block_scale's
+// products for rows 8h .. 8h + 7 (sup and sc at their row 8h).
+ALWAYS_INLINE __m256 super_times_256(const uint8_t* sup, const uint8_t* sc, int is_signed) {
+    const __m128i b = _mm_loadl_epi64((const __m128i*)sc);
+    const __m256i v = is_signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)sup)), _mm256_cvtepi32_ps(v));
+}
+
 // Rows 8h .. 8h + 7 of a group (the half h of each 64-byte vector).
 ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb, const IntRows* q,
                                int64_t M, int64_t K, int h, float out[][GROUP]) {
@@ -523,7 +533,7 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
     __m256 acc[MAX_ROWS];
     for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t* blk = gw + b * gbb;
+        const uint8_t *blk = gw + b * gbb, *sup = super_scales(qt, gw, nb, b);
         if (h == 0)  // the stream runs ahead of the prefetcher
             for (int64_t line = 0; line < gbb; line += 64)
                 _mm_prefetch((const char*)blk + PREFETCH_BYTES + line, _MM_HINT_T0);
@@ -537,11 +547,18 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
                 w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
             }
         }
-        const __m256 d = qt == QT_Q4_K || qt == QT_Q6_K
-            ? _mm256_loadu_ps((const float*)(blk + qs) + 8 * h)
+        const __m256 d = k_quant(qt)
+            ? super_times_256(sup + 16 * h, blk + qs + 8 * h, qt == QT_Q6_K)
             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + qs + 16 * h)));
-        const __m256 d_high = qt == QT_Q6_K ? _mm256_loadu_ps((const float*)(blk + qs) + GROUP + 8 * h)
+        const __m256 d_high = qt == QT_Q6_K ? super_times_256(sup + 16 * h, blk + qs + GROUP + 8 * h, 1)
                                             : _mm256_setzero_ps();
+        __m256 mn = _mm256_setzero_ps();
+        if (qt == QT_Q4_K) {  // -(dmin * m), the sign flipped exactly
+            const __m256 p = super_times_256(sup + 2 * GROUP + 16 * h, blk + qs + GROUP + 8 * h, 0);
+            mn = _mm256_xor_ps(p, _mm256_set1_ps(-0.0f));
+        } else if (qt == QT_Q4_1) {
+            mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + qs + 2 * GROUP + 16 * h)));
+        }
 #pragma GCC unroll 8
         for (int64_t m = 0; m < M; m++) {
             if (qt == QT_Q6_K) {  // the halves apart (dwords 0-3, 4-7), each with its scale
@@ -604,13 +621,7 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
                 acc[m] = _mm256_fmadd_ps(g, d, acc[m]);
             } else {
                 acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(f, _mm256_set1_ps(s)), d, acc[m]);
-                if (has_min(qt)) {
-                    const __m256 mn = qt == QT_Q4_K
-                        ? _mm256_loadu_ps((const float*)(blk + qs + 4 * GROUP) + 8 * h)
-                        : _mm256_cvtph_ps(
-                              _mm_loadu_si128((const __m128i*)(blk + qs + 2 * GROUP + 16 * h)));
-                    acc[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(sum), acc[m]);
-                }
+                if (has_min(qt)) acc[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(sum), acc[m]);
             }
         }
     }
@@ -666,7 +677,7 @@ void int_dot_group_fast_two(int qt, const uint8_t* gw, int64_t nb, const IntRows
 static void int_dot_rows(GroupFn group, const float* x, int64_t M, int64_t K, const uint8_t* w,
                          int qt, int64_t N, const float* bias, float* y, int accumulate,
                          int bits, int nthreads) {
-    const int64_t nb = K / QK, gbb = group_block_bytes(qt);
+    const int64_t nb = K / QK;
     for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
         const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
         void* buffer;
@@ -676,7 +687,7 @@ static void int_dot_rows(GroupFn group, const float* x, int64_t M, int64_t K, co
 #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t g = 0; g < N / GROUP; g++) {
             float out[MAX_ROWS][GROUP];
-            group(qt, w + g * nb * gbb, nb, &q, rows, K, out);
+            group(qt, w + g * group_bytes(qt, nb), nb, &q, rows, K, out);
             for (int64_t m = 0; m < rows; m++)
                 for (int r = 0; r < GROUP; r++) {
                     const int64_t n = g * GROUP + r;
@@ -716,7 +727,8 @@ void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, floa
     for (int64_t g = 0; g < groups; g++) {
         float totals[GROUP] = {0.0f};
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t* blk = w + (g * nb + b) * gbb;
+            const uint8_t* gw = w + g * group_bytes(qt, nb);
+            const uint8_t *blk = gw + b * gbb, *sup = super_scales(qt, gw, nb, b);
             float largest = 0.0f;
             for (int r = 0; r < GROUP; r++) {
                 int32_t sum[2] = {0, 0};  // Q6_K: its halves apart
@@ -726,11 +738,11 @@ void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, floa
                         sum[qt == QT_Q6_K && j >= 4] +=
                             qt == QT_Q8_0 ? abs(v - 128) : qt == QT_Q6_K ? abs(v - 32) : v;
                     }
-                float a = fabsf(block_scale(qt, blk, r)) * (float)sum[0];
-                if (qt == QT_Q6_K) a += fabsf(block_scale_high(blk, r)) * (float)sum[1];
+                float a = fabsf(block_scale(qt, blk, sup, r)) * (float)sum[0];
+                if (qt == QT_Q6_K) a += fabsf(block_scale_high(blk, sup, r)) * (float)sum[1];
                 largest = fmaxf(largest, a);
                 totals[r] += a;
-                if (has_min(qt)) totals[r] += 32.0f * fabsf(block_min(qt, blk, r));
+                if (has_min(qt)) totals[r] += 32.0f * fabsf(block_min(qt, blk, sup, r));
             }
             out[g * nb + b] = largest;
         }
@@ -751,7 +763,7 @@ void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, floa
 // all finite (the caller computes that row in full).
 void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
                        const float* bounds, int64_t* out, int bits, int nthreads) {
-    const int64_t nb = K / QK, gbb = group_block_bytes(qt), groups = N / GROUP;
+    const int64_t nb = K / QK, groups = N / GROUP;
     const GroupFn exact_group = int_dot_group_planes(planes_of(bits));
     // X_INT_MAX * s_b >= the block's amax at every precision (their divisors are smaller)
     const float rounding = (float)(12 * nb + 8) * 0x1p-24f * X_INT_MAX;
@@ -774,7 +786,7 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
 #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t g = 0; g < groups; g++) {
             float part[MAX_ROWS][GROUP];
-            int_dot_group_fast_high(qt, w + g * nb * gbb, nb, &q, rows, K, part);
+            int_dot_group_fast_high(qt, w + g * group_bytes(qt, nb), nb, &q, rows, K, part);
             for (int64_t m = 0; m < rows; m++) {
                 float t = rounding * smax[m] * total[g];
                 for (int64_t b = 0; b < nb; b++) t += 32639.0f * q.scale[m * nb + b] * bounds[g * nb + b];
@@ -807,7 +819,7 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
             for (int64_t g = 0; g < groups; g++) {
                 if (hi[m * groups + g] < lower) continue;  // no output of it can be the largest
                 float exact[MAX_ROWS][GROUP];
-                exact_group(qt, w + g * nb * gbb, nb, &one, 1, K, exact);
+                exact_group(qt, w + g * group_bytes(qt, nb), nb, &one, 1, K, exact);
                 for (int r = 0; r < GROUP; r++) {
                     const float v = exact[0][r] + 0.0f;  // as tm_int_dot_linear stores it
                     if (v > best || best_n < 0) best = v, best_n = g * GROUP + r;
