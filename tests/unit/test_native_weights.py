@@ -22,7 +22,7 @@ MORE_QTYPES = {"Q5_0": 6, "Q5_1": 7, "Q4_K": 12, "Q6_K": 14}
 ALL_QTYPES = {**QTYPES, **MORE_QTYPES}
 K_QTYPES = ("Q4_K", "Q6_K")  # 256-value super-blocks; gguf-py has no quantizer for them
 # the formats the integer-dot kernels run (Q4_K's sub-blocks as Q4_1 blocks; Q6_K's values as
-# bytes, a scale per 16)
+# nibbles and 2 high bits, a scale per 16)
 INT_DOT_QTYPES = {**QTYPES, "Q4_K": 12, "Q6_K": 14}
 
 
@@ -170,17 +170,17 @@ def test_int_dot_supports_its_formats_in_groups_of_16_rows(kernels):
     for name, qtype in MORE_QTYPES.items():
         assert kernels.tm_int_dot_supported(qtype, 48, 512) == (name in INT_DOT_QTYPES), name
     # regrouped bytes per 32 values and row: Q4_K 18.5 (a byte each for sc and m, fp16 d and
-    # dmin per 256 values; the file's: 18), Q6_K 34.25 (a byte a value, two int8 scales, fp16
-    # d per 256), Q4_1 its own 20
+    # dmin per 256 values; the file's: 18), Q6_K 26.25 (6 bits a value, two int8 scales, fp16
+    # d per 256: the file's), Q4_1 its own 20
     assert kernels.tm_int_dot_repacked_bytes(12, 32, 512) == 32 * 16 * 18.5
-    assert kernels.tm_int_dot_repacked_bytes(14, 32, 512) == 32 * 16 * 34.25
+    assert kernels.tm_int_dot_repacked_bytes(14, 32, 512) == 32 * 16 * 26.25
     assert kernels.tm_int_dot_repacked_bytes(3, 32, 512) == 32 * 16 * 20
 
 
 @pytest.mark.parametrize("qtype", K_QTYPES)
 def test_k_quants_regrouped_are_the_dequantized_weight(kernels, qtype):
     """Q4_K sub-blocks regrouped as Q4_1 blocks (scale d * sc, minimum -(dmin * m)) and Q6_K's
-    bytes with a d * sc per 16 values hold ggml's values: the GEMV on one-hot rows
+    6-bit values with a d * sc per 16 values hold ggml's values: the GEMV on one-hot rows
     reads back gguf's dequantized weight (within fp32 roundings of terms of the weights'
     size)."""
     w = packed(qtype, 32, 512, seed=5)

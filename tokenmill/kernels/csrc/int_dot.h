@@ -8,9 +8,10 @@
 // -(dmin * m) the kernels form in fp32 (the products ggml's dequantizer forms) from the
 // sub-block's 6-bit sc and m, kept a byte each, and the super-block's fp16 d and dmin, kept
 // once per 8 blocks after the group's blocks; so every kernel runs them as Q4_1 with another
-// scale load. Q6_K's 32 values are stored as bytes q (0..63, value q - 32) as Q8_0's are, with
-// two int8 scales sc (one per 16 values; the super-block's d after the group's blocks), so the
-// two halves of a block sum apart (offset-corrected by the halves' digit sums).
+// scale load. Q6_K's values q (0..63, value q - 32) keep their low 4 bits as Q4_1's nibbles
+// and their high 2 bits in two more vectors (q_bits_high), with two int8 scales sc (one per
+// 16 values; the super-block's d after the group's blocks), so the two halves of a block sum
+// apart (offset-corrected by the halves' digit sums).
 enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q6_K = 14 };
 #define QK 32
 #define GROUP 16           // weight rows interleaved per group
@@ -24,11 +25,12 @@ static inline float fp16(const uint8_t* p) {
     return (float)h;
 }
 
-// The format stores one byte per value (Q8_0, Q6_K), else two nibbles.
-static inline int byte_values(int qt) { return qt == QT_Q8_0 || qt == QT_Q6_K; }
-
-// Bytes of one quantized dword block column (4 bytes per row per dword) of a group-block.
-static inline int group_qs_bytes(int qt) { return byte_values(qt) ? GROUP * QK : GROUP * QK / 2; }
+// Bytes of a group-block's quantized values (dword-interleaved across its 16 rows): Q8_0 a
+// byte a value, Q6_K two nibble vectors of 4-bit values plus 2 vectors of high bits, else the
+// nibbles.
+static inline int group_qs_bytes(int qt) {
+    return qt == QT_Q8_0 ? GROUP * QK : qt == QT_Q6_K ? GROUP * QK * 3 / 4 : GROUP * QK / 2;
+}
 
 static inline int64_t group_block_bytes(int qt) {
     switch (qt) {
@@ -36,7 +38,7 @@ static inline int64_t group_block_bytes(int qt) {
         case QT_Q4_1: return GROUP * 20;
         case QT_Q8_0: return GROUP * 34;
         case QT_Q4_K: return GROUP * 18;
-        case QT_Q6_K: return GROUP * 34;
+        case QT_Q6_K: return GROUP * 26;
         default: return 0;
     }
 }
@@ -178,7 +180,7 @@ ALWAYS_INLINE __m512 block_mins_512(const uint8_t* blk, int qt, const uint8_t* s
 // One group block's weights as 8 vectors of bytes (16 rows x 32 values): Q8_0's as stored,
 // Q4's low and high nibbles apart (values 0..15). The GEMV and the GEMM read blocks alike.
 ALWAYS_INLINE void unpack_block_512(const uint8_t* blk, int qt, __m512i w[8]) {
-    if (byte_values(qt)) {
+    if (qt == QT_Q8_0) {
         for (int j = 0; j < 8; j++) w[j] = _mm512_loadu_si512(blk + 64 * j);
         return;
     }
@@ -187,6 +189,14 @@ ALWAYS_INLINE void unpack_block_512(const uint8_t* blk, int qt, __m512i w[8]) {
         const __m512i v = _mm512_loadu_si512(blk + 64 * j);
         w[j] = _mm512_and_si512(v, nib);
         w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+    }
+    if (qt == QT_Q6_K) {  // dword j's high bits: bits 2 (j % 4) of high vector j / 4's bytes
+        const __m512i three = _mm512_set1_epi8(3);
+        for (int j = 0; j < 8; j++) {
+            const __m512i h = _mm512_loadu_si512(blk + 256 + 64 * (j / 4));
+            const __m512i bits = _mm512_and_si512(_mm512_srli_epi16(h, 2 * (j % 4)), three);
+            w[j] = _mm512_or_si512(w[j], _mm512_slli_epi16(bits, 4));
+        }
     }
 }
 #endif

@@ -102,8 +102,10 @@ static void repack_q4_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
 // Q6_K super-blocks (ql[128] low 4 bits, qh[64] high 2 bits, 16 int8 scales, d; in each
 // 128-value half n: value 32 k + l of it reads ql[64 n + l + 32 (k % 2)]'s low (k < 2) or high
 // nibble and qh[32 n + l]'s bits 2k, 2k + 1, with scale sc[8 n + l / 16 + 2 k]) as group-blocks:
-// the values q (0..63) as Q8_0's bytes, then the 16 rows' sc of the first 16 values, then
-// of the last 16; after a group's blocks, per super-block the rows' fp16 d.
+// the values q (0..63): their low 4 bits as Q4_1's nibbles (byte i of a row: values i and
+// i + 16), then two 64-byte vectors of their high 2 bits (value 4 j + t of row r at bits
+// 2 (j % 4) of byte t of row r's dword in vector j / 4), then the 16 rows' sc of the first 16
+// values, then of the last 16; after a group's blocks, per super-block the rows' fp16 d.
 static void repack_q6_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
     const int64_t nb = K / QK, gbb = group_block_bytes(QT_Q6_K), supers = K / 256;
     const int qs = group_qs_bytes(QT_Q6_K);
@@ -116,10 +118,17 @@ static void repack_q6_k(const uint8_t* w, int64_t N, int64_t K, uint8_t* out) {
                 const uint8_t* sup = w + ((g * GROUP + r) * supers + b / 8) * 210;
                 const int n = (int)(b % 8) / 4, k = (int)(b % 4);
                 const uint8_t *ql = sup + 64 * n + 32 * (k % 2), *qh = sup + 128 + 32 * n;
-                for (int l = 0; l < QK; l++) {
-                    const int low = k < 2 ? ql[l] & 0x0F : ql[l] >> 4;
-                    o[((l / 4) * GROUP + r) * 4 + l % 4] = (uint8_t)(low | (((qh[l] >> (2 * k)) & 3) << 4));
-                }
+                uint8_t v[QK];
+                for (int l = 0; l < QK; l++)
+                    v[l] = (uint8_t)((k < 2 ? ql[l] & 0x0F : ql[l] >> 4) | (((qh[l] >> (2 * k)) & 3) << 4));
+                for (int i = 0; i < QK / 2; i++)  // the low nibbles, as repack_q4_k's
+                    o[((i / 4) * GROUP + r) * 4 + i % 4] = (uint8_t)((v[i] & 0x0F) | ((v[i + 16] & 0x0F) << 4));
+                for (int t = 0; t < 4; t++)
+                    for (int a = 0; a < 2; a++) {
+                        uint8_t bits = 0;
+                        for (int f = 0; f < 4; f++) bits |= (uint8_t)((v[4 * (4 * a + f) + t] >> 4) << (2 * f));
+                        o[256 + (a * GROUP + r) * 4 + t] = bits;
+                    }
                 for (int h = 0; h < 2; h++) o[qs + GROUP * h + r] = sup[192 + 8 * n + h + 2 * k];
                 memcpy(s + 2 * r, sup + 208, 2);  // d
             }
@@ -332,9 +341,11 @@ static inline float block_term_c(int qt, const int32_t S[3], float s, float sum,
 // it: Q8_0's byte (offset by 128), else a nibble (dword j % 4: low nibbles for j < 4, high
 // ones for j >= 4).
 static inline int stored_weight(int qt, const uint8_t* blk, int r, int j, int t) {
-    if (byte_values(qt)) return blk[(j * GROUP + r) * 4 + t];
+    if (qt == QT_Q8_0) return blk[(j * GROUP + r) * 4 + t];
     const uint8_t byte = blk[((j & 3) * GROUP + r) * 4 + t];
-    return j < 4 ? byte & 0x0F : byte >> 4;
+    const int low = j < 4 ? byte & 0x0F : byte >> 4;
+    if (qt != QT_Q6_K) return low;
+    return low | ((blk[256 + ((j / 4) * GROUP + r) * 4 + t] >> (2 * (j % 4))) & 3) << 4;
 }
 
 static void group_c_planes(int qt, int planes, const uint8_t* gw, int64_t nb, const IntRows* q,
@@ -538,7 +549,7 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
             for (int64_t line = 0; line < gbb; line += 64)
                 _mm_prefetch((const char*)blk + PREFETCH_BYTES + line, _MM_HINT_T0);
         __m256i w[8];
-        if (byte_values(qt)) {
+        if (qt == QT_Q8_0) {
             for (int j = 0; j < 8; j++) w[j] = _mm256_loadu_si256((const __m256i*)(blk + 64 * j + 32 * h));
         } else {
             for (int j = 0; j < 4; j++) {
@@ -547,6 +558,12 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
                 w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
             }
         }
+        if (qt == QT_Q6_K)  // the high bits (unpack_block_512)
+            for (int j = 0; j < 8; j++) {
+                const __m256i hv = _mm256_loadu_si256((const __m256i*)(blk + 256 + 64 * (j / 4) + 32 * h));
+                const __m256i bits = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * (j % 4)), _mm256_set1_epi8(3));
+                w[j] = _mm256_or_si256(w[j], _mm256_slli_epi16(bits, 4));
+            }
         const __m256 d = k_quant(qt)
             ? super_times_256(sup + 16 * h, blk + qs + 8 * h, qt == QT_Q6_K)
             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + qs + 16 * h)));
