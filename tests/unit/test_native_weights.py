@@ -587,6 +587,36 @@ def test_fused_decode_equals_the_per_layer_path(tmp_path, tiny_source, qtype, mo
     ]
 
 
+def test_fused_decode_of_many_rows_runs_the_gemm_with_the_per_layer_bits(
+    tmp_path, tiny_source, monkeypatch
+):
+    """Decode steps past the GEMV's 32 rows run in the one native call too (its projections on
+    the integer-dot GEMM, as the per-layer path's): 40 greedy sequences give the per-layer
+    path's tokens and log-probabilities bit for bit."""
+    from tokenmill.model import fused_decode
+
+    path = tmp_path / "tiny-Q4_1.gguf"
+    write_gguf(tiny_source, path, "Q4_1")
+    monkeypatch.setenv("TOKENMILL_INT_DOT_MAX_ROWS", "any")  # every step on the integer-dot
+    kw = dict(kv_cache_memory_gib=0.05, weights="native", max_num_seqs=48)
+    fused = LLM(str(path), **kw)
+    monkeypatch.setenv("TOKENMILL_FUSED_DECODE", "0")
+    per_layer = LLM(str(path), **kw)
+    monkeypatch.delenv("TOKENMILL_FUSED_DECODE")
+    rows = []
+    forward = fused_decode.FusedDecoder.forward
+    monkeypatch.setattr(fused_decode.FusedDecoder, "forward",
+                        lambda self, h, *a: rows.append(h.shape[0]) or forward(self, h, *a))  # fmt: skip
+    prompts = [{"prompt_token_ids": PROMPTS[i % len(PROMPTS)][: 3 + i % 5] + [i + 5]}
+               for i in range(40)]  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
+    got, want = fused.generate(prompts, params), per_layer.generate(prompts, params)
+    assert max(rows) == 40
+    for a, b in zip(got, want, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].logprobs == b.outputs[0].logprobs
+
+
 def test_fused_decode_needs_every_projection_on_the_integer_dot_gemv(tmp_path, tiny_source):
     path = tmp_path / "tiny-Q5_1.gguf"
     write_gguf(tiny_source, path, "Q5_1")  # no integer-dot GEMV for Q5_1

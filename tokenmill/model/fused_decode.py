@@ -1,10 +1,11 @@
 """Decode steps of the native method in one native call for all decoder layers.
 
-When every projection of every layer runs the integer-dot GEMV (packed Q4_0 / Q4_1 / Q8_0 /
-Q4_K / Q6_K weights, PackedLinear.int_dot) and a step holds only single-token rows (at most 8: the
-GEMV's range), `tm_decode_layers` (kernels/csrc/decode_layers.c) runs the layers with the
-same kernels the per-layer path calls, in the same order, minus the ~15 torch and ctypes
-calls per layer that cost about a third of a decode token on the embedded model. Any other
+When every projection of every layer runs the integer-dot kernels (packed Q4_0 / Q4_1 / Q8_0 /
+Q4_K / Q6_K weights, PackedLinear.int_dot) and a step holds only single-token rows (no more
+than the layers run those kernels for: row_kernels.py's limit), `tm_decode_layers`
+(kernels/csrc/decode_layers.c) runs the layers with the same kernels the per-layer path calls,
+in the same order, minus the ~15 torch and ctypes calls per layer that cost about a third of a
+decode token on the embedded model. Any other
 step, model or method takes the per-layer path. Llama layers run it, and the families' layers
 of the same shape (models/decoder.py: Qwen2, Qwen3 with its per-head q/k norms, SmolLM3...):
 a SiLU-gated MLP, full-width NeoX RoPE, one attention scale and window for every layer.
@@ -20,7 +21,7 @@ import torch
 
 from tokenmill.kernels.build import load_kernels
 from tokenmill.model.attention import AttentionMetadata, CPUPagedBackend
-from tokenmill.model.linear import PACKED_GEMV_MAX_ROWS, PackedLinear
+from tokenmill.model.linear import PackedLinear
 
 
 @dataclass
@@ -115,6 +116,11 @@ class FusedDecoder:
                 *norms,
             )
         first = layers[0]
+        # the most rows a step may have here: what every projection runs the integer-dot
+        # kernels for (row_kernels.py's measured limit)
+        self.max_rows = min(
+            p.int_dot_max_rows for x in layers for p in (x.qkv, x.o, x.gate_up, x.down)
+        )
         self.dims = DecodeDims(
             config.hidden_size,
             config.num_attention_heads,
@@ -193,6 +199,6 @@ class FusedDecode:
         return self.decoder
 
 
-def decode_only(meta: AttentionMetadata, num_tokens: int) -> bool:
-    """A step of single-token rows only, few enough for the integer-dot GEMV."""
-    return not meta.chunks and meta.num_decode_tokens == num_tokens <= PACKED_GEMV_MAX_ROWS
+def decode_only(meta: AttentionMetadata, num_tokens: int, max_rows: int) -> bool:
+    """A step of single-token rows only, at most `max_rows` of them."""
+    return not meta.chunks and meta.num_decode_tokens == num_tokens <= max_rows

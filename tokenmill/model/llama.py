@@ -123,7 +123,7 @@ class LlamaForCausalLM:
     ) -> torch.Tensor:
         hidden = self.embed_tokens[input_ids]
         fused = self._fused_decoder(kv_caches, attn)
-        if fused is not None and decode_only(meta, hidden.shape[0]):
+        if fused is not None and decode_only(meta, hidden.shape[0], fused.max_rows):
             return fused.forward(hidden, positions, meta)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(hidden, positions, self.rope, attn, kv_cache, meta)

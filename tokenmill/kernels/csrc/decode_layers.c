@@ -1,8 +1,8 @@
-// A decode step's decoder layers in one call: for a batch of up to 8 single-token rows, each
+// A decode step's decoder layers in one call: for a batch of single-token rows, each
 // layer's RMSNorm -> qkv -> (per-head q/k RMSNorm: Qwen3) -> RoPE -> KV write -> paged
 // attention -> o (+ residual) ->
 // RMSNorm -> gate_up -> SiLU * up -> down (+ residual), every projection on the
-// integer-dot GEMV (int_dot_kernels.c). The same kernels the per-layer Python path calls, in
+// integer-dot GEMV (int_dot_kernels.c; the GEMM past 32 rows, which gives the same bits). The same kernels the per-layer Python path calls, in
 // the same order, without ~15 torch/ctypes calls per layer (about a third of a decode token).
 #include <math.h>
 #include <stdint.h>

@@ -5,6 +5,10 @@
 
 void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
                        const float* bias, float* y, int accumulate, int bits, int nthreads);
+void tm_int_dot_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
+                     const float* bias, float* y, int accumulate, int bits, int nthreads);
+
+#define GEMV_MAX_ROWS 32  // more rows run the GEMM (linear.py's INT_DOT_MAX_ROWS; same bits)
 
 typedef struct {  // mirrors Projection in tokenmill/model/fused_decode.py
     const uint8_t* weight;
@@ -16,6 +20,6 @@ typedef struct {  // mirrors Projection in tokenmill/model/fused_decode.py
 
 static inline void linear(const Projection* p, const float* x, int64_t M, int64_t K, float* y,
                           int accumulate, int nthreads) {
-    tm_int_dot_linear(x, M, K, p->weight, (int)p->qtype, p->rows, p->bias, y, accumulate,
-                      (int)p->bits, nthreads);
+    (M <= GEMV_MAX_ROWS ? tm_int_dot_linear : tm_int_dot_gemm)(
+        x, M, K, p->weight, (int)p->qtype, p->rows, p->bias, y, accumulate, (int)p->bits, nthreads);
 }

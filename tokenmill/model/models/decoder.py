@@ -163,7 +163,7 @@ class DecoderModel:
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
         fused = self._fused_decoder(kv_caches, attn)
-        if fused is not None and decode_only(meta, hidden.shape[0]):
+        if fused is not None and decode_only(meta, hidden.shape[0], fused.max_rows):
             return fused.forward(hidden, positions, meta)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(hidden, positions, attn, kv_cache, meta)
