@@ -426,6 +426,12 @@ ALWAYS_INLINE __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int32_t* x)
     return acc;
 }
 
+// block_term_c's f on 16 lanes: fma(S_hi, 65536, 256 S_mid + S_lo).
+ALWAYS_INLINE __m512 planes_to_f512(const __m512i S[3]) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[0]), _mm512_set1_ps(65536.0f),
+                           _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(S[1], 8), S[2])));
+}
+
 ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t nb,
                                   const IntRows* q, int64_t M, int64_t K, float out[][GROUP]) {
     const int64_t gbb = group_block_bytes(qt);
@@ -454,15 +460,9 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
                     L[p] = _mm512_sub_epi32(L[p], _mm512_set1_epi32(32 * psum[3 + p]));
                     H[p] = _mm512_sub_epi32(H[p], _mm512_set1_epi32(32 * (psum[p] - psum[3 + p])));
                 }
-                const __m512 s = _mm512_set1_ps(q->scale[m * nb + b]), k = _mm512_set1_ps(65536.0f);
-                const __m512 fl = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(L[0]), k,
-                    _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(L[1], 8), L[2])));
-                const __m512 fh = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(H[0]), k,
-                    _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(H[1], 8), H[2])));
-                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(fl, s), d, acc[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(fh, s), d_high, acc[m]);
+                const __m512 s = _mm512_set1_ps(q->scale[m * nb + b]);
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(planes_to_f512(L), s), d, acc[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(planes_to_f512(H), s), d_high, acc[m]);
                 continue;
             }
             __m512i S[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
@@ -477,9 +477,7 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
                 if (qt == QT_Q8_0)
                     S[p] = _mm512_sub_epi32(S[p], _mm512_set1_epi32(128 * q->psum[PSUMS * (m * nb + b) + p]));
             }
-            const __m512 f = _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(S[0]), _mm512_set1_ps(65536.0f),
-                _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(S[1], 8), S[2])));
+            const __m512 f = planes_to_f512(S);
             const float s = q->scale[m * nb + b], sum = q->sum[m * nb + b];
             if (qt == QT_Q4_0) {
                 const __m512 g = _mm512_fmadd_ps(f, _mm512_set1_ps(s), _mm512_set1_ps(-8.0f * sum));
@@ -525,6 +523,12 @@ ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
+}
+
+// block_term_c's f on 8 lanes: fma(S_hi, 65536, 256 S_mid + S_lo).
+ALWAYS_INLINE __m256 planes_to_f256(const __m256i S[3]) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[0]), _mm256_set1_ps(65536.0f),
+                           _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(S[1], 8), S[2])));
 }
 
 // fp16 d[8] at sup times the 8 scale bytes at sc (unsigned: Q4_K's, else int8): block_scale's
@@ -591,15 +595,9 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
                     L[p] = _mm256_sub_epi32(L[p], _mm256_set1_epi32(32 * psum[3 + p]));
                     H[p] = _mm256_sub_epi32(H[p], _mm256_set1_epi32(32 * (psum[p] - psum[3 + p])));
                 }
-                const __m256 s = _mm256_set1_ps(q->scale[m * nb + b]), k = _mm256_set1_ps(65536.0f);
-                const __m256 fl = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(L[0]), k,
-                    _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(L[1], 8), L[2])));
-                const __m256 fh = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(H[0]), k,
-                    _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(H[1], 8), H[2])));
-                acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(fl, s), d, acc[m]);
-                acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(fh, s), d_high, acc[m]);
+                const __m256 s = _mm256_set1_ps(q->scale[m * nb + b]);
+                acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(planes_to_f256(L), s), d, acc[m]);
+                acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(planes_to_f256(H), s), d_high, acc[m]);
                 continue;
             }
             __m256i S[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -629,9 +627,7 @@ ALWAYS_INLINE void half_avx2_t(int qt, int planes, const uint8_t* gw, int64_t nb
                 if (qt == QT_Q8_0)
                     S[p] = _mm256_sub_epi32(S[p], _mm256_set1_epi32(128 * q->psum[PSUMS * (m * nb + b) + p]));
             }
-            const __m256 f = _mm256_fmadd_ps(
-                _mm256_cvtepi32_ps(S[0]), _mm256_set1_ps(65536.0f),
-                _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(S[1], 8), S[2])));
+            const __m256 f = planes_to_f256(S);
             const float s = q->scale[m * nb + b], sum = q->sum[m * nb + b];
             if (qt == QT_Q4_0) {
                 const __m256 g = _mm256_fmadd_ps(f, _mm256_set1_ps(s), _mm256_set1_ps(-8.0f * sum));
