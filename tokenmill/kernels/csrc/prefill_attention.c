@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "paged_kv.h"
 #include "poly_exp.h"
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -30,45 +31,9 @@
 #define QUERY_TILE 32  // positions per task
 #define GROUP_MAX 16   // query heads per KV head a task takes QUERY_TILE positions of
 
-typedef struct {
-    const float* keys;    // the layer's K records
-    const float* values;  // the layer's V records
-    const int64_t* bt;    // the sequence's block table
-    int64_t bs, rec, head_off;
-} Keys;
-
-static inline int64_t slot_of(const Keys* a, int64_t t) { return a->bt[t / a->bs] * a->bs + t % a->bs; }
-
 // The keys position p sees: lo .. p.
 static inline int64_t first_key(int64_t p, int64_t window) {
     return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-}
-
-// The portable body: one row (query q at position p) over its visible keys.
-static void attend_row(const Keys* a, const float* q, int64_t p, int64_t window, int64_t hd,
-                       float scale, float* scores, float* o) {
-    const int64_t lo = first_key(p, window);
-    float mx = -INFINITY;
-    for (int64_t t = lo; t <= p; t++) {
-        const float* k = a->keys + slot_of(a, t) * a->rec + a->head_off;
-        float acc = 0.f;
-        for (int64_t d = 0; d < hd; d++) acc += q[d] * k[d];
-        scores[t - lo] = acc * scale;
-        mx = fmaxf(mx, acc * scale);
-    }
-    float sum = 0.f;
-    for (int64_t t = lo; t <= p; t++) {
-        const float e = poly_expf(scores[t - lo] - mx);
-        scores[t - lo] = e;
-        sum += e;
-    }
-    const float inv = 1.f / sum;
-    memset(o, 0, sizeof(float) * (size_t)hd);
-    for (int64_t t = lo; t <= p; t++) {
-        const float* v = a->values + slot_of(a, t) * a->rec + a->head_off;
-        const float w = scores[t - lo] * inv;
-        for (int64_t d = 0; d < hd; d++) o[d] += w * v[d];
-    }
 }
 
 #if defined(VECTOR_BODY)
@@ -203,7 +168,7 @@ typedef struct {
 
 // The rows of positions p0 .. p0 + n - 1 of one chunk (queries of the G heads sharing the KV
 // head kh, row i * G + g) over their visible keys; out rows as q's.
-static void attend_tile(const Keys* a, const float* q, int64_t q_stride, float* out,
+static void attend_tile(const HeadKeys* a, const float* q, int64_t q_stride, float* out,
                         int64_t out_stride, int64_t p0, int64_t n, int64_t G, int64_t kh,
                         int64_t window, int64_t hd, float scale, Scratch* w) {
     const int64_t R = n * G, blocks = (R + ROWS - 1) / ROWS;
@@ -224,9 +189,8 @@ static void attend_tile(const Keys* a, const float* q, int64_t q_stride, float* 
     for (int64_t t0 = start; t0 <= last; t0 += KEY_TILE) {
         for (int j = 0; j < KEY_TILE; j++) {  // keys past the rows' last are zeros
             const int64_t t = t0 + j;
-            const int64_t slot = t <= last ? slot_of(a, t) : -1;
-            const float* k = slot >= 0 ? a->keys + slot * a->rec + a->head_off : w->zero;
-            vp[j] = slot >= 0 ? a->values + slot * a->rec + a->head_off : w->zero;
+            const float* k = t <= last ? key_at(a, t) : w->zero;
+            vp[j] = t <= last ? value_at(a, t) : w->zero;
             for (int64_t d = 0; d < hd; d++) w->kt[d * KEY_TILE + j] = k[d];
         }
         for (int64_t b = 0; b < blocks; b++) {
@@ -298,7 +262,7 @@ void tm_paged_attention_prefill(const float* q, int64_t q_stride, const float* k
             const int64_t n0 = query_start[c + 1] - query_start[c];
             const int64_t n = n0 - i0 < tile ? n0 - i0 : tile;
             const int64_t p0 = context_lens[c] - n0 + i0, row = query_start[c] + i0;
-            const Keys a = {kv, vbase, block_table + c * max_blocks, bs, rec, kh * hd};
+            HeadKeys a = {kv, vbase, block_table + c * max_blocks, bs, rec, kh * hd, 0, 0, scale};
 #if defined(VECTOR_BODY)
             if (vector) {
                 attend_tile(&a, q + row * q_stride, q_stride, out + row * nh * hd, nh * hd, p0, n,
@@ -306,12 +270,14 @@ void tm_paged_attention_prefill(const float* q, int64_t q_stride, const float* k
                 continue;
             }
 #endif
-            for (int64_t j = 0; j < n; j++)
+            for (int64_t j = 0; j < n; j++) {  // the portable body, a row at a time
+                a.start = first_key(p0 + j, window), a.len = p0 + j + 1;
                 for (int64_t g = 0; g < G; g++) {
                     const int64_t h = kh * G + g;
-                    attend_row(&a, q + (row + j) * q_stride + h * hd, p0 + j, window, hd, scale,
-                               scores, out + ((row + j) * nh + h) * hd);
+                    attend_head(&a, q + (row + j) * q_stride + h * hd, hd, scores,
+                                out + ((row + j) * nh + h) * hd);
                 }
+            }
         }
 #if defined(VECTOR_BODY)
         free(buf);
