@@ -59,7 +59,7 @@ def _step_logits(path, method: DeviceMethod, backend: str, steps: list[int]) -> 
     out = []
     with torch.inference_mode():
         for n in steps:
-            inp = build_model_input([ScheduledRequest(req, n, blocks)], BLOCK, cfg.sliding_window)
+            inp = build_model_input([ScheduledRequest(req, n, blocks)], BLOCK)
             inp = inp.to(dev)
             hidden = model.forward(inp.input_ids, inp.positions, caches, attn, inp.attn_metadata)
             out.append(model.compute_logits(hidden).float().cpu())

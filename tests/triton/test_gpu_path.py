@@ -73,7 +73,7 @@ def _model_logits(path: Path, method: DeviceMethod, prompt: list[int]) -> torch.
     n, blocks = len(prompt), -(-len(prompt) // 16)
     caches = [attn.allocate_kv_cache(blocks, method.dtype, str(method.device)) for _ in range(2)]
     dev = method.device
-    chunk = ChunkAttention(0, n, n, torch.arange(blocks, device=dev), None)
+    chunk = ChunkAttention(0, n, n, torch.arange(blocks, device=dev))
     meta = AttentionMetadata(torch.arange(n, device=dev), 0, None, None, [chunk])
     ids = torch.tensor(prompt, device=dev)
     with torch.inference_mode():

@@ -145,8 +145,7 @@ def test_backend_runs_decodes_and_chunks_as_torch_does():
     for first, n, blocks in ((0, 40, torch.arange(10, 13)), (50, 20, torch.arange(13, 18))):
         pos = torch.arange(first, first + n)
         slots.extend(blocks[pos // BS] * BS + pos % BS)
-        mask = torch.ones(n, first + n, dtype=torch.bool).tril(first) if first else None
-        chunks.append(ChunkAttention(start, n, first + n, blocks, mask))
+        chunks.append(ChunkAttention(start, n, first + n, blocks))
         start += n
     meta = AttentionMetadata(torch.stack(slots), 2, decode_table, decode_lens, chunks)
     q, k, v = torch.randn(start, nh, hd), torch.randn(start, nkv, hd), torch.randn(start, nkv, hd)

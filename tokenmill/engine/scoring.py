@@ -46,7 +46,7 @@ def _hidden_chunks(core: EngineCore, token_ids: list[int], chunk_size: int | Non
             if not kv.allocate_slots(req, n):
                 raise RuntimeError("the KV cache is too small for this sequence")
             sr = ScheduledRequest(req, n, kv.get_block_ids(req.request_id))
-            inp = build_model_input([sr], kv.block_size, core.model.config.sliding_window)
+            inp = build_model_input([sr], kv.block_size)
             yield core.model.forward(
                 inp.input_ids, inp.positions, runner.kv_caches, runner.attn, inp.attn_metadata
             )

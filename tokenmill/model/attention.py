@@ -46,14 +46,11 @@ class ChunkAttention:
     query_len: int
     context_len: int  # tokens of the sequence visible after this chunk (incl. the chunk)
     block_ids: torch.Tensor  # blocks covering context_len tokens
-    mask: torch.Tensor | None  # [query_len, context_len] bool, None when plain causal
-    mask_window: int | None = None  # the sliding window `mask` was built for
-    _masks: dict | None = None  # other windows' masks (layers of another kind), built once
+    _masks: dict | None = None  # sliding window -> mask, built when a backend first asks
 
     def mask_for(self, window: int | None) -> torch.Tensor | None:
-        """The mask of a layer with this sliding window (Gemma 3 and GPT-OSS mix windows)."""
-        if window == self.mask_window:
-            return self.mask
+        """The [query_len, context_len] bool mask of a layer with this sliding window (Gemma 3
+        and GPT-OSS mix windows); None when plain causal. The native kernel needs none."""
         if self._masks is None:
             self._masks = {}
         if window not in self._masks:

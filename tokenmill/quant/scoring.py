@@ -43,7 +43,7 @@ class ModelScorer:
             blocks = list(range(first, first + cdiv(len(ids), _BLOCK_SIZE)))
             scheduled.append(ScheduledRequest(req, len(ids), blocks))
         model = self.model
-        inp = build_model_input(scheduled, _BLOCK_SIZE, model.config.sliding_window)
+        inp = build_model_input(scheduled, _BLOCK_SIZE)
         hidden = model.forward(
             inp.input_ids, inp.positions, self.runner.kv_caches, self.runner.attn, inp.attn_metadata
         )
@@ -78,7 +78,7 @@ class ModelScorer:
             if step == 1:
                 t0 = time.perf_counter()
             sr = ScheduledRequest(req, n, blocks)
-            inp = build_model_input([sr], _BLOCK_SIZE, model.config.sliding_window)
+            inp = build_model_input([sr], _BLOCK_SIZE)
             hidden = model.forward(
                 inp.input_ids, inp.positions, self.runner.kv_caches, self.runner.attn,
                 inp.attn_metadata,

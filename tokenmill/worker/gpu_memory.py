@@ -23,7 +23,7 @@ def _profile_forward(model, attn: AttentionBackend, device, dtype, tokens: int, 
     ]
     ids = torch.zeros(tokens, dtype=torch.long, device=device)
     positions = torch.arange(tokens, device=device)
-    chunk = ChunkAttention(0, tokens, tokens, torch.arange(blocks, device=device), None)
+    chunk = ChunkAttention(0, tokens, tokens, torch.arange(blocks, device=device))
     meta = AttentionMetadata(positions.clone(), 0, None, None, [chunk])
     hidden = model.forward(ids, positions, caches, attn, meta)
     logits = model.compute_logits(hidden[-rows:]).float()

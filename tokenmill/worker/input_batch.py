@@ -32,16 +32,13 @@ class ModelInput:
         meta.decode_block_table = move(meta.decode_block_table)
         meta.decode_seq_lens = move(meta.decode_seq_lens)
         for chunk in meta.chunks:
-            chunk.block_ids = move(chunk.block_ids)
-            chunk.mask = move(chunk.mask)
+            chunk.block_ids = move(chunk.block_ids)  # masks are built beside them
         self.input_ids = move(self.input_ids)
         self.positions = move(self.positions)
         return self
 
 
-def build_model_input(
-    scheduled: list[ScheduledRequest], block_size: int, sliding_window: int | None
-) -> ModelInput:
+def build_model_input(scheduled: list[ScheduledRequest], block_size: int) -> ModelInput:
     # Single-token queries, and requests verifying drafts: each drafted position is one more
     # single-token query row of its request (its own sequence length; K/V of all rows are
     # written before attention), so verification runs on the decode path.
@@ -102,19 +99,8 @@ def build_model_input(
         position_parts.append(positions)
         slot_parts.append(table[positions // block_size] * block_size + positions % block_size)
         context_len = first + n
-        mask = None
-        if first > 0 or (sliding_window is not None and context_len > sliding_window):
-            q_pos = torch.arange(first, context_len)[:, None]
-            k_pos = torch.arange(context_len)[None, :]
-            mask = k_pos <= q_pos
-            if sliding_window is not None:
-                mask &= k_pos > q_pos - sliding_window
         n_blocks = -(-context_len // block_size)
-        chunk_meta.append(
-            ChunkAttention(
-                start, n, context_len, torch.from_numpy(table[:n_blocks]), mask, sliding_window
-            )
-        )
+        chunk_meta.append(ChunkAttention(start, n, context_len, torch.from_numpy(table[:n_blocks])))
         query_starts.append(start)
         start += n
 

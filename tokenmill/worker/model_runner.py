@@ -96,7 +96,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        inp = build_model_input(sched.scheduled, self.block_size, self.model.config.sliding_window)
+        inp = build_model_input(sched.scheduled, self.block_size)
         inp = inp.to(self.device)
         if self.lora is not None:  # each request's rows get its adapter's deltas
             rows = [(sr.request.lora_name, start, sr.num_new_tokens)
