@@ -222,7 +222,8 @@ def int_dot_supported(weight) -> bool:
 
 
 def int_dot_repacked_bytes(qtype: int, rows: int, cols: int) -> int:
-    """Bytes of int_dot_repack's output: the weight's own, but Q4_K's (fp32 sub-block scales)."""
+    """Bytes of int_dot_repack's output: the weight's own, Q4_K's a little more (a byte per
+    sub-block scale and minimum)."""
     return load_kernels().tm_int_dot_repacked_bytes(qtype, rows, cols)
 
 

@@ -65,10 +65,7 @@ class SelfAttention:
         self.scale = (scalar if scalar is not None else cfg.head_dim) ** -0.5
         # the native method with full-width RoPE runs the native RoPE and head norms (the
         # one-call decoder's, so the two paths give the same bits)
-        self.native_rope = (
-            method.native and ops.kernels_available()
-            and getattr(rope, "rotary_dim", cfg.head_dim) == cfg.head_dim
-        )  # fmt: skip
+        self.native_rope = method.native and getattr(rope, "rotary_dim", cfg.head_dim) == cfg.head_dim
 
     def forward(
         self,
@@ -87,16 +84,16 @@ class SelfAttention:
         if self.qk_norm == "proj":  # OLMoE: one norm over all heads
             q, k = head_norm(q, self.q_norm, self.eps), head_norm(k, self.k_norm, self.eps)
         q, k = q.reshape(t, self.num_heads, hd), k.reshape(t, self.num_kv_heads, hd)
-        if self.native_rope and q.dtype == torch.float32:  # the one-call decoder's kernels
-            if self.qk_norm == "head":
-                q, k = native_head_norm(q, self.q_norm, self.eps), native_head_norm(k, self.k_norm, self.eps)
+        native = self.native_rope and q.dtype == torch.float32  # the one-call decoder's kernels
+        if self.qk_norm == "head":
+            norm = native_head_norm if native else head_norm
+            q, k = norm(q, self.q_norm, self.eps), norm(k, self.k_norm, self.eps)
+        if native:
             q, k = q.contiguous(), k.contiguous()
             for x, heads in ((q, self.num_heads), (k, self.num_kv_heads)):
                 ops.rope_neox_(x.view(t, heads * hd), heads, hd, positions, self.rope.cos,
                                self.rope.sin)  # fmt: skip
         else:
-            if self.qk_norm == "head":
-                q, k = head_norm(q, self.q_norm, self.eps), head_norm(k, self.k_norm, self.eps)
             q, k = self.rope.apply(positions, q), self.rope.apply(positions, k)
         v = v.reshape(t, self.num_kv_heads, hd)
         layer_attn = attn.for_layer(self.window, self.scale, self.sinks)
