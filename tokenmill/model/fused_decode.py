@@ -5,10 +5,10 @@ Q4_K / Q6_K weights, PackedLinear.int_dot) and a step holds only single-token ro
 than the layers run those kernels for: row_kernels.py's limit), `tm_decode_layers`
 (kernels/csrc/decode_layers.c) runs the layers with the same kernels the per-layer path calls,
 in the same order, minus the ~15 torch and ctypes calls per layer that cost about a third of a
-decode token on the embedded model. Any other
-step, model or method takes the per-layer path. Llama layers run it, and the families' layers
-of the same shape (models/decoder.py: Qwen2, Qwen3 with its per-head q/k norms, SmolLM3...):
-a SiLU-gated MLP, full-width NeoX RoPE, one attention scale and window for every layer.
+decode token on the embedded model. Any other step, model or method takes the per-layer path.
+Llama layers run it, and the families' layers of the same shape (models/decoder.py: Qwen2,
+Qwen3 with its per-head q/k norms, SmolLM3...): a SiLU-gated MLP, full-width NeoX RoPE, one
+attention scale and window for every layer.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ class FusedLayer:
     window: int | None  # sliding window
     q_norm: torch.Tensor | None = None  # per-head RMSNorm weights (Qwen3)
     k_norm: torch.Tensor | None = None
+
+    @property
+    def projections(self) -> tuple:
+        return self.qkv, self.o, self.gate_up, self.down
 
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -118,9 +122,7 @@ class FusedDecoder:
         first = layers[0]
         # the most rows a step may have here: what every projection runs the integer-dot
         # kernels for (row_kernels.py's measured limit)
-        self.max_rows = min(
-            p.int_dot_max_rows for x in layers for p in (x.qkv, x.o, x.gate_up, x.down)
-        )
+        self.max_rows = min(p.int_dot_max_rows for x in layers for p in x.projections)
         self.dims = DecodeDims(
             config.hidden_size,
             config.num_attention_heads,
@@ -147,9 +149,7 @@ class FusedDecoder:
         first = layers[0]
         return (
             all(kv.dtype == torch.float32 and kv.is_contiguous() for kv in kv_caches)
-            and all(
-                runs_int_dot(p) for x in layers for p in (x.qkv, x.o, x.gate_up, x.down)
-            )
+            and all(runs_int_dot(p) for x in layers for p in x.projections)
             and all(
                 x.rope is first.rope and x.scale == first.scale and x.window == first.window
                 and (x.q_norm is None) == (x.k_norm is None)
@@ -193,7 +193,7 @@ class FusedDecode:
         """`model`: config, method and fused_layers(attn) (the layers' forms, or None)."""
         if self._checked_for is not kv_caches:
             self._checked_for = kv_caches
-            layers = model.fused_layers(attn) if model.method.fused_decode else None
+            layers = model.fused_layers(attn)
             ok = FusedDecoder.supports(model.method, layers, kv_caches, attn)
             self.decoder = FusedDecoder(model.config, layers, kv_caches, attn) if ok else None
         return self.decoder
