@@ -22,6 +22,9 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "native", "torch", "triton")
 LOAD_FORMATS = ("auto", "dummy")
 LORA_DTYPES = ("auto", "float32", "float16")
+# --kv-cache-dtype: "auto" stores K/V in the weights' compute dtype (float32 on the CPU,
+# bfloat16 on a GPU); float16 halves a float32 pool (the CPU's paged kernels read it)
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,7 @@ class CacheConfig:
     # blocks, sized from what is free after a warm-up forward)
     gpu_memory_utilization: float = 0.9
     num_blocks_override: int | None = None  # tests force tiny pools with this
+    cache_dtype: str = "auto"  # KV_CACHE_DTYPES
     enable_prefix_caching: bool = True
     # Lower tiers for evicted blocks (0 disables the tier).
     offload_memory_bytes: int = 0
@@ -136,6 +140,8 @@ class CacheConfig:
             raise ValueError("gpu_memory_utilization: must be in (0, 1]")
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes: must be positive")
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"cache_dtype: one of {', '.join(KV_CACHE_DTYPES)}")
         if self.num_blocks_override is not None and self.num_blocks_override < 1:
             raise ValueError("num_blocks_override: must be >= 1")
         if self.offload_memory_bytes < 0 or self.offload_disk_bytes < 0:

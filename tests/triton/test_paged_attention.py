@@ -18,15 +18,17 @@ from tokenmill.kernels.triton.paged_attention import (
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
-def _build(seqs, heads, kv_heads, head_dim, page, dtype, seed=0):
+def _build(seqs, heads, kv_heads, head_dim, page, dtype, seed=0, kv_dtype=None):
     """seqs: (cached tokens, new query rows) per sequence. Returns q, k/v of the new rows, the
-    caches holding the cached keys, metadata, slot mapping and full per-sequence K/V."""
+    caches (in kv_dtype, default dtype) holding the cached keys, metadata, slot mapping and
+    full per-sequence K/V as the caches hold them."""
     g = torch.Generator().manual_seed(seed)
     blocks_per = [-(-(c + n) // page) for c, n in seqs]
     num_blocks = sum(blocks_per) + 3
     perm = torch.randperm(num_blocks, generator=g)[: sum(blocks_per)]  # scattered pages
-    k_cache = torch.randn(num_blocks, page, kv_heads, head_dim, generator=g).to(dtype)
-    v_cache = torch.randn(num_blocks, page, kv_heads, head_dim, generator=g).to(dtype)
+    kv_dtype = kv_dtype or dtype
+    k_cache = torch.randn(num_blocks, page, kv_heads, head_dim, generator=g).to(kv_dtype)
+    v_cache = torch.randn(num_blocks, page, kv_heads, head_dim, generator=g).to(kv_dtype)
     tables, full_k, full_v, slots, qs, ks, vs = [], [], [], [], [], [], []
     at = 0
     for (cached, n), nb in zip(seqs, blocks_per, strict=True):
@@ -37,10 +39,10 @@ def _build(seqs, heads, kv_heads, head_dim, page, dtype, seed=0):
         slot = table[pos // page] * page + pos % page
         kk = torch.randn(cached + n, kv_heads, head_dim, generator=g).to(dtype)
         vv = torch.randn(cached + n, kv_heads, head_dim, generator=g).to(dtype)
-        k_cache.view(-1, kv_heads, head_dim)[slot[:cached]] = kk[:cached]
-        v_cache.view(-1, kv_heads, head_dim)[slot[:cached]] = vv[:cached]
-        full_k.append(kk)
-        full_v.append(vv)
+        k_cache.view(-1, kv_heads, head_dim)[slot[:cached]] = kk[:cached].to(kv_dtype)
+        v_cache.view(-1, kv_heads, head_dim)[slot[:cached]] = vv[:cached].to(kv_dtype)
+        full_k.append(kk.to(kv_dtype))
+        full_v.append(vv.to(kv_dtype))
         slots.append(slot[cached:])
         ks.append(kk[cached:])
         vs.append(vv[cached:])
@@ -94,9 +96,9 @@ def _to(device, *tensors):
 
 
 def _run(seqs, heads, kv_heads, head_dim, page, dtype, window=None, splits=1, seed=0, sinks=None,
-         scale=None):  # fmt: skip
+         scale=None, kv_dtype=None):  # fmt: skip
     q, k, v, kc, vc, meta, slots, fk, fv = _build(
-        seqs, heads, kv_heads, head_dim, page, dtype, seed
+        seqs, heads, kv_heads, head_dim, page, dtype, seed, kv_dtype
     )
     q, k, v, kc, vc, slots = _to(DEVICE, q, k, v, kc, vc, slots)
     meta = PagedAttentionMetadata(
@@ -128,6 +130,14 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_paged_attention_matches_the_reference(case, dtype):
     _run(CASES[case], heads=8, kv_heads=2, head_dim=32, page=16, dtype=dtype)
+
+
+@pytest.mark.parametrize("case", ["mixed_step", "chunk_over_cached_prefix"])
+def test_a_float16_pool_under_float32_queries(case):
+    """--kv-cache-dtype float16 under float32 weights: the write rounds K/V to the pool's
+    dtype, attention reads them back in the queries' (reference: the rounded K/V)."""
+    _run(CASES[case], 8, 2, 32, 16, torch.float32, kv_dtype=torch.float16)
+    _run([(700, 1), (33, 1)], 8, 2, 32, 16, torch.float32, splits=3, kv_dtype=torch.float16)
 
 
 @pytest.mark.parametrize(

@@ -26,11 +26,13 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 ONE = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
 
-def make_core(model_dir, role: str = "both", blocks: int = 96, **kv) -> EngineCore:
+def make_core(
+    model_dir, role: str = "both", blocks: int = 96, cache_dtype: str = "auto", **kv
+) -> EngineCore:
     return EngineCore(
         EngineConfig(
             model_config=ModelConfig(model=str(model_dir)),
-            cache_config=CacheConfig(num_blocks_override=blocks),
+            cache_config=CacheConfig(num_blocks_override=blocks, cache_dtype=cache_dtype),
             kv_transfer_config=KVTransferConfig(role=role, **kv),
             num_threads=1,
             warm_up=False,
@@ -43,7 +45,7 @@ def cores(tiny_llama_dir):
     made: list[EngineCore] = []
 
     def make(role: str = "both", **kv) -> EngineCore:
-        made.append(make_core(tiny_llama_dir, role, **kv))
+        made.append(make_core(tiny_llama_dir, role, **kv))  # kv: cache_dtype, transfer settings
         return made[-1]
 
     yield make
@@ -119,6 +121,22 @@ def test_decode_worker_gets_the_prefill_workers_kv_exactly(cores, carrier):
     for core in (prefill, decode):
         assert core.kv_manager.pool.num_used_blocks == 0
         assert core.block_accounting()["invariant_violation"] is None
+
+
+def test_a_float16_decode_worker_stores_a_float32_prefill_workers_kv_rounded(cores):
+    """--kv-cache-dtype float16 on the decode worker only: the received float32 blocks go
+    into its pool rounded to float16, as its own writes are."""
+    ids = prompt(100)
+    prefill, decode = cores("prefill"), cores("decode", cache_dtype="float16")
+    add(prefill, "p", ids, ONE, {"do_remote_decode": True, "transfer_id": "t1"})
+    add(decode, "d", ids, GREEDY, remote("t1", prefill))
+    outs = run(prefill, decode, until=lambda o: finished("p", "d")(o) and lease_ended(prefill)(o))
+    assert outs["d"][1] == "length" and decode.kv_connector.stats.blocks_received == 6
+    for h in block_hashes(ids[:96], 16):
+        pb, db = prefill.kv_manager.pool.lookup(h), decode.kv_manager.pool.lookup(h)
+        got = decode.runner.read_block(db.block_id)
+        assert got.dtype == torch.float16
+        assert torch.equal(got, prefill.runner.read_block(pb.block_id).half())
 
 
 def test_only_the_missing_blocks_travel_and_usage_counts_local_hits_only(cores):

@@ -106,12 +106,16 @@ def _fill_to_evict(llm: LLM, n: int = 8, seed: int = 99) -> None:
         ({"kv_offload_memory_gib": 0.05}, "host"),
         ({"kv_offload_disk_gib": 0.05}, "disk"),
         ({"kv_offload_memory_gib": 2.5e-5, "kv_offload_disk_gib": 0.05}, "disk"),
+        ({"kv_offload_memory_gib": 2.5e-5, "kv_offload_disk_gib": 0.05, "kv_cache_dtype": "float16"},
+         "disk"),  # fmt: skip
     ],
-    ids=["host", "disk", "host-demotes-to-disk"],
+    ids=["host", "disk", "host-demotes-to-disk", "float16-pool"],
 )
 def test_offloaded_blocks_come_back_from_lower_tiers(tiny_llama_dir, tmp_path, tiers, medium):
     prompt = prompts_with_shared_prefix(1, prefix_len=80)[0]
-    ref = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.05, enable_prefix_caching=False)
+    dtype = tiers.get("kv_cache_dtype", "auto")
+    ref = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.05, enable_prefix_caching=False,
+              kv_cache_dtype=dtype)  # fmt: skip
     expected = generate(ref, [prompt])[0].outputs[0].token_ids
     # 12 blocks on the device: other prompts push the first prompt's blocks out
     llm = LLM(str(tiny_llama_dir), num_kv_blocks=12, kv_offload_path=str(tmp_path), **tiers)

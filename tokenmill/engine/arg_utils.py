@@ -15,6 +15,7 @@ from tokenmill.config import (
     ATTENTION_BACKENDS,
     DRAFT_POLICIES,
     DTYPES,
+    KV_CACHE_DTYPES,
     KV_CARRIERS,
     KV_LOAD_FAILURE_POLICIES,
     KV_ROLES,
@@ -104,6 +105,11 @@ class EngineArgs:
         flag="--num-kv-blocks", metavar="N",
     )  # fmt: skip
     block_size: int = option(C + "block_size", "tokens per KV block")
+    kv_cache_dtype: str = option(
+        C + "cache_dtype", "the KV cache's dtype: auto (the weights' compute dtype: float32 on "
+        "the CPU, bfloat16 on a GPU), float32, float16 (half a float32 pool's memory and "
+        "bandwidth) or bfloat16", flag="--kv-cache-dtype", choices=KV_CACHE_DTYPES,
+    )  # fmt: skip
     max_num_seqs: int = option(S + "max_num_seqs", "sequences per step")
     max_num_batched_tokens: int = option(S + "max_num_batched_tokens", "token budget per step")
     enable_chunked_prefill: bool = option(

@@ -45,7 +45,7 @@ from tokenmill.stats import SchedulerStats
 from tokenmill.structured.loops import RepetitionDetector
 from tokenmill.structured.manager import StructuredOutputManager
 from tokenmill.worker.gpu_memory import profile_num_blocks
-from tokenmill.worker.model_runner import ModelRunner, kv_bytes_per_block
+from tokenmill.worker.model_runner import ModelRunner, kv_bytes_per_block, kv_cache_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class EngineCore:
         if encoder_only:
             self.config = config = encoder_engine_config(config, model_len)
         cache = config.cache_config
-        kv_dtype = self.model.method.dtype  # fp32 on the CPU, bf16 on a GPU
+        kv_dtype = kv_cache_dtype(cache.cache_dtype, self.model.method.dtype)
         attn_backend = get_attention_backend(config.attention_backend, self.device)
         if cache.num_blocks_override:
             num_blocks = cache.num_blocks_override

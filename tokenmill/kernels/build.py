@@ -36,6 +36,8 @@ _SOURCES = [
         "draft_chain.c",
         "lora_kernels.c",
         "prefill_attention.c",
+        "decode_attention_f16.c",
+        "prefill_attention_f16.c",
     )
 ]
 _HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))  # part of the cache key
@@ -116,26 +118,18 @@ def _declare(lib: ctypes.CDLL) -> None:
     signatures = {
         "tm_has_vnni": [],
         "tm_int8_linear": [p, p, p, p, p, p, i64, i64, i64, p, i32, i32],
-        "tm_paged_attention_decode": [
-            p,
-            p,
-            i64,
-            p,
-            p,
-            i64,
-            i64,
-            i64,
-            i64,
-            i64,
-            i64,
-            f32,
-            i64,
-            p,
-            i32,
-        ],
-        "tm_paged_attention_prefill": [
-            p, i64, p, i64, p, i64, p, p, i64, i64, i64, i64, i64, f32, i64, p, i32,
-        ],  # fmt: skip
+        **{
+            name + suffix: argtypes
+            for name, argtypes in (
+                ("tm_paged_attention_decode", [p, p, i64, p, p, *[i64] * 6, f32, i64, p, i32]),
+                ("tm_paged_attention_prefill", [
+                    p, i64, p, i64, p, i64, p, p, i64, i64, i64, i64, i64, f32, i64, p, i32,
+                ]),
+            )
+            for suffix in ("", "_f16")  # float32 and float16 KV pools
+        },  # fmt: skip
+        "tm_halves_to_floats": [p, i64, p],
+        "tm_floats_to_halves": [p, i64, p, i32],
         "tm_rmsnorm": [p, p, i64, i64, f32, p, i32],
         "tm_rmsnorm_quant": [p, p, i64, i64, f32, p, p, i32],
         "tm_quantize_rows_strided": [p, i64, i64, i64, p, p, i32],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from tokenmill.kernels.build import load_kernels
@@ -118,9 +120,19 @@ def rope_neox_(
     )
 
 
+KV_POOL_DTYPES = (torch.float32, torch.float16)  # the paged attention kernels' KV pools
+
+
+def _for_pool(lib: Any, name: str, kv_cache: torch.Tensor) -> Any:
+    """The paged attention kernel `name` built for the pool's dtype (KV_POOL_DTYPES)."""
+    if kv_cache.dtype not in KV_POOL_DTYPES:
+        raise TypeError(f"{name}: no kernel for a {kv_cache.dtype} KV pool")
+    return getattr(lib, name + ("_f16" if kv_cache.dtype == torch.float16 else ""))
+
+
 def paged_attention_decode(
     q: torch.Tensor,  # [B, nh, hd] contiguous
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size * nkv * hd]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size * nkv * hd], float32 or float16
     block_table: torch.Tensor,  # [B, max_blocks] int64
     seq_lens: torch.Tensor,  # [B] int64
     num_kv_heads: int,
@@ -130,7 +142,7 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     b, nh, hd = q.shape
     out = torch.empty_like(q)
-    load_kernels().tm_paged_attention_decode(
+    _for_pool(load_kernels(), "tm_paged_attention_decode", kv_cache)(
         _p(q), _p(kv_cache), kv_cache.shape[1], _p(block_table), _p(seq_lens),
         b, nh, num_kv_heads, hd, block_size, block_table.shape[1], scale, window or 0,
         _p(out), _threads(),
@@ -152,7 +164,7 @@ def paged_attention_prefill(
 ) -> None:
     t, nh, hd = q.shape
     assert q.stride(2) == 1 and q.stride(1) == hd and out.is_contiguous()
-    load_kernels().tm_paged_attention_prefill(
+    _for_pool(load_kernels(), "tm_paged_attention_prefill", kv_cache)(
         _p(q), q.stride(0), _p(kv_cache), kv_cache.shape[1], _p(block_table),
         block_table.shape[1], _p(query_start), _p(context_lens), context_lens.shape[0],
         nh, num_kv_heads, hd, block_size, scale, window or 0, _p(out), _threads(),

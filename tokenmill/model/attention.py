@@ -175,8 +175,8 @@ class TorchSDPABackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, meta):
         nkv, hd = self.num_kv_heads, self.head_dim
-        kv_cache[0].view(-1, nkv, hd).index_copy_(0, meta.slot_mapping, k)
-        kv_cache[1].view(-1, nkv, hd).index_copy_(0, meta.slot_mapping, v)
+        kv_cache[0].view(-1, nkv, hd).index_copy_(0, meta.slot_mapping, k.to(kv_cache.dtype))
+        kv_cache[1].view(-1, nkv, hd).index_copy_(0, meta.slot_mapping, v.to(kv_cache.dtype))
 
         out = torch.empty(q.shape[0], self.num_heads * hd, dtype=q.dtype, device=q.device)
         nd = meta.num_decode_tokens
@@ -198,8 +198,8 @@ class TorchSDPABackend(AttentionBackend):
         nd, nkv, hd = q.shape[0], self.num_kv_heads, self.head_dim
         table = meta.decode_block_table
         length = table.shape[1] * self.block_size
-        keys = kv_cache[0].index_select(0, table.view(-1)).view(nd, length, nkv, hd)
-        values = kv_cache[1].index_select(0, table.view(-1)).view(nd, length, nkv, hd)
+        keys = kv_cache[0].index_select(0, table.view(-1)).view(nd, length, nkv, hd).to(q.dtype)
+        values = kv_cache[1].index_select(0, table.view(-1)).view(nd, length, nkv, hd).to(q.dtype)
         # Query heads of one KV group become the "query length" axis: no K/V expansion.
         qg = q.reshape(nd, nkv, self.num_heads // nkv, hd)
         mask = meta.decode_mask(self.block_size, self.sliding_window)
@@ -215,12 +215,12 @@ class TorchSDPABackend(AttentionBackend):
 
     def _chunk(self, q, k, v, kv_cache, chunk: ChunkAttention) -> torch.Tensor:
         nkv, hd = self.num_kv_heads, self.head_dim
-        if chunk.context_len == chunk.query_len:  # nothing cached before: attend to itself
-            keys, values = k, v
+        if chunk.context_len == chunk.query_len and kv_cache.dtype == k.dtype:
+            keys, values = k, v  # nothing cached before: attend to itself (as stored)
         else:
             n = chunk.context_len
-            keys = kv_cache[0].index_select(0, chunk.block_ids).view(-1, nkv, hd)[:n]
-            values = kv_cache[1].index_select(0, chunk.block_ids).view(-1, nkv, hd)[:n]
+            keys = kv_cache[0].index_select(0, chunk.block_ids).view(-1, nkv, hd)[:n].to(q.dtype)
+            values = kv_cache[1].index_select(0, chunk.block_ids).view(-1, nkv, hd)[:n].to(q.dtype)
         mask = chunk.mask_for(self.sliding_window)
         if self.sinks is not None:
             return self._chunk_with_sinks(q, keys, values, mask)
@@ -268,10 +268,17 @@ class CPUPagedBackend(TorchSDPABackend):
     def available(cls) -> bool:
         return ops.kernels_available()
 
+    def _native(self, q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+        """The native kernels take float32 queries over a float32 or float16 pool, no sinks."""
+        return (
+            self.sinks is None and q.dtype == torch.float32
+            and kv_cache.dtype in ops.KV_POOL_DTYPES
+        )  # fmt: skip
+
     def _decode(
         self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        if self.sinks is not None:  # the native kernel has no sinks
+        if not self._native(q, kv_cache):
             return super()._decode(q, kv_cache, meta)
         out = ops.paged_attention_decode(
             q.contiguous(),
@@ -286,7 +293,7 @@ class CPUPagedBackend(TorchSDPABackend):
         return out.view(q.shape[0], self.num_heads * self.head_dim)
 
     def _chunks(self, q, k, v, kv_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
-        if self.sinks is not None or q.dtype != torch.float32:
+        if not self._native(q, kv_cache):
             return super()._chunks(q, k, v, kv_cache, meta, out)
         block_table, query_start, context_lens = meta.chunk_tables()
         ops.paged_attention_prefill(

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from tokenmill.kernels import ops
 from tokenmill.kernels.build import load_kernels
 from tokenmill.model.attention import AttentionMetadata, CPUPagedBackend
 from tokenmill.model.linear import PackedLinear
@@ -73,6 +74,7 @@ class DecodeDims(ctypes.Structure):
     _fields_ = [
         *((name, _i64) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")),
         *((name, _i64) for name in ("block_size", "num_blocks", "window")),
+        ("kv_half", _i64),  # the KV pool holds float16
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
         ("cos", _ptr),
@@ -132,6 +134,7 @@ class FusedDecoder:
             attn.block_size,
             kv_caches[0].shape[1],
             first.window or 0,
+            kv_caches[0].dtype == torch.float16,
             config.rms_norm_eps,
             first.scale,
             first.rope.cos.data_ptr(),
@@ -148,7 +151,8 @@ class FusedDecoder:
             return False
         first = layers[0]
         return (
-            all(kv.dtype == torch.float32 and kv.is_contiguous() for kv in kv_caches)
+            all(kv.dtype in ops.KV_POOL_DTYPES and kv.is_contiguous() for kv in kv_caches)
+            and len({kv.dtype for kv in kv_caches}) == 1
             and all(runs_int_dot(p) for x in layers for p in x.projections)
             and all(
                 x.rope is first.rope and x.scale == first.scale and x.window == first.window

@@ -25,6 +25,11 @@ from tokenmill.worker.pooler import pool_chunk
 _PROMPT_LOGPROBS_SLICE = 256
 
 
+def kv_cache_dtype(setting: str, compute: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype: "auto" is the weights' compute dtype, else the dtype named."""
+    return compute if setting == "auto" else getattr(torch, setting)
+
+
 def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
     cfg = model.config
     elem = torch.empty((), dtype=dtype).element_size()
@@ -91,7 +96,7 @@ class ModelRunner:
                 ids = torch.tensor([b for b, _ in writes[i:j]], device=self.device)
                 first = data.j
                 for kv, src in zip(self.kv_caches, layers, strict=True):
-                    kv.index_copy_(1, ids, src[:, first : first + j - i].to(self.device))
+                    kv.index_copy_(1, ids, src[:, first : first + j - i].to(self.device, kv.dtype))
             i = j
 
     @torch.inference_mode()

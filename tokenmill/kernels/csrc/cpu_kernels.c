@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "half.h"
 #include "poly_exp.h"
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -202,4 +203,18 @@ void tm_rope_neox(float* x, int64_t T, int64_t row_stride, int64_t nheads, int64
             }
         }
     }
+}
+
+// The float16 conversions of a float16 KV pool (half.h), for tests: the scalar widening, and
+// the narrowing the one-call decoder runs (vector != 0) or its scalar form.
+void tm_halves_to_floats(const uint16_t* h, int64_t n, float* out) {
+    for (int64_t i = 0; i < n; i++) out[i] = half_to_float(h[i]);
+}
+
+void tm_floats_to_halves(const float* x, int64_t n, uint16_t* out, int vector) {
+    if (vector) {
+        floats_to_halves(x, n, out);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) out[i] = float_to_half(x[i]);
 }

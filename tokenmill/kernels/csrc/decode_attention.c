@@ -15,7 +15,7 @@
 // values accumulated for a few queries per pass.
 //
 // Other head sizes, sliding windows and builds without AVX2: one task per (row, head), the
-// portable body.
+// portable body. decode_attention_f16.c builds this file again for a float16 pool.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -23,7 +23,7 @@
 
 #include "paged_kv.h"
 #include "poly_exp.h"
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if (defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))) && !defined(KV_NO_VECTOR)
 #include <immintrin.h>
 #define CHUNKED_BODY 1  // a vector body for head sizes 64 and 128
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -35,7 +35,7 @@
 
 // The keys t0 .. t0 + n - 1 of a tile of `width` (the block table walked, not divided, per
 // key); the lanes past n repeat the first key (their scores are never stored).
-static inline void key_tile(const HeadKeys* a, int64_t t0, int64_t n, int width, const float** kp) {
+static inline void key_tile(const HeadKeys* a, int64_t t0, int64_t n, int width, const kv_t** kp) {
     int64_t blk = t0 / a->bs, off = t0 % a->bs;
     for (int64_t j = 0; j < n; j++) {
         kp[j] = a->keys + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
@@ -90,22 +90,23 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
        // past the hardware prefetcher, and L2 keeps many more misses in flight than L1
         int64_t blk = c0 / a->bs, off = c0 % a->bs;
         for (int64_t t = c0; t < c1; t++) {
-            const float* k = a->keys + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
+            const kv_t* k = a->keys + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
             if (++off == a->bs) off = 0, blk++;
-            for (int c = 0; c < V; c++) {
-                _mm_prefetch((const char*)(k + 16 * c), _MM_HINT_T1);
-                _mm_prefetch((const char*)(k + to_value + 16 * c), _MM_HINT_T1);
+            for (int64_t b = 0; b < HD * (int64_t)sizeof(kv_t); b += 64) {
+                _mm_prefetch((const char*)k + b, _MM_HINT_T1);
+                _mm_prefetch((const char*)(k + to_value) + b, _MM_HINT_T1);
             }
         }
     }
-    const float* kp[16];
+    const kv_t* kp[16];
     key_tile(a, c0, c1 - c0 < 16 ? c1 - c0 : 16, 16, kp);
     for (int64_t t0 = c0; t0 < c1; t0 += 16) {
-        const float* next[16];  // the next tile's keys to L1 while the scores run
+        const kv_t* next[16];  // the next tile's keys to L1 while the scores run
         if (t0 + 16 < c1) {
             key_tile(a, t0 + 16, c1 - t0 - 16 < 16 ? c1 - t0 - 16 : 16, 16, next);
             for (int k = 0; k < 16; k++)
-                for (int c = 0; c < V; c++) _mm_prefetch((const char*)(next[k] + 16 * c), _MM_HINT_T0);
+                for (int64_t b = 0; b < HD * (int64_t)sizeof(kv_t); b += 64)
+                    _mm_prefetch((const char*)next[k] + b, _MM_HINT_T0);
         }
         for (int64_t j = 0; j < n; j++) {
             const int64_t visible = vis[j] - t0;  // of this tile's keys
@@ -113,9 +114,9 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
             __m512 qv[8], acc[16];
             for (int c = 0; c < V; c++) qv[c] = _mm512_loadu_ps(q[j] + 16 * c);
             for (int k = 0; k < 16; k++) {
-                acc[k] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kp[k]));
+                acc[k] = _mm512_mul_ps(qv[0], KV_LOAD16(kp[k]));
                 for (int c = 1; c < V; c++)
-                    acc[k] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kp[k] + 16 * c), acc[k]);
+                    acc[k] = _mm512_fmadd_ps(qv[c], KV_LOAD16(kp[k] + 16 * c), acc[k]);
             }
             _mm512_mask_storeu_ps(scores + j * cap + (t0 - c0), first_lanes(visible),
                                   _mm512_mul_ps(sum16(acc), scale));
@@ -153,10 +154,10 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
             for (int c = 0; c < V; c++) acc[j][c] = _mm512_setzero_ps();
         int64_t blk = c0 / a->bs, off = c0 % a->bs;
         for (int64_t t = c0; t < last; t++) {
-            const float* vh = a->values + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
+            const kv_t* vh = a->values + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
             if (++off == a->bs) off = 0, blk++;
             __m512 v[8];
-            for (int c = 0; c < V; c++) v[c] = _mm512_loadu_ps(vh + 16 * c);
+            for (int c = 0; c < V; c++) v[c] = KV_LOAD16(vh + 16 * c);
             for (int64_t j = 0; j < m; j++) {
                 if (t >= shared && t >= vis[j0 + j]) continue;
                 const __m512 p = _mm512_set1_ps(scores[(j0 + j) * cap + (t - c0)]);
@@ -190,17 +191,17 @@ ALWAYS_INLINE void attend_chunk_avx2(const HeadKeys* a, int64_t c0, int64_t c1, 
     const int64_t cap = c1 - c0;
     const __m256 scale = _mm256_set1_ps(a->scale);
     for (int64_t t0 = c0; t0 < c1; t0 += 8) {
-        const float* kp[8];
+        const kv_t* kp[8];
         key_tile(a, t0, c1 - t0 < 8 ? c1 - t0 : 8, 8, kp);
         for (int64_t j = 0; j < n; j++) {
             const int64_t visible = vis[j] - t0;  // of this tile's keys
             if (visible <= 0) continue;
             __m256 acc[8];
             for (int k = 0; k < 8; k++) {
-                acc[k] = _mm256_mul_ps(_mm256_loadu_ps(q[j]), _mm256_loadu_ps(kp[k]));
+                acc[k] = _mm256_mul_ps(_mm256_loadu_ps(q[j]), KV_LOAD8(kp[k]));
                 for (int c = 1; c < V; c++)
-                    acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + 8 * c),
-                                             _mm256_loadu_ps(kp[k] + 8 * c), acc[k]);
+                    acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + 8 * c), KV_LOAD8(kp[k] + 8 * c),
+                                             acc[k]);
             }
             _mm256_maskstore_ps(scores + j * cap + (t0 - c0), first_lanes8(visible),
                                 _mm256_mul_ps(sum8(acc), scale));
@@ -239,14 +240,14 @@ ALWAYS_INLINE void attend_chunk_avx2(const HeadKeys* a, int64_t c0, int64_t c1, 
                 for (int c = 0; c < 8; c++) acc[j][c] = _mm256_setzero_ps();
             int64_t blk = c0 / a->bs, off = c0 % a->bs;
             for (int64_t t = c0; t < last; t++) {
-                const float* vh = a->values + (a->bt[blk] * a->bs + off) * a->rec + a->head_off +
-                                  64 * half;
+                const kv_t* vh = a->values + (a->bt[blk] * a->bs + off) * a->rec + a->head_off +
+                                 64 * half;
                 if (++off == a->bs) off = 0, blk++;
                 for (int64_t j = 0; j < m; j++) {
                     if (t >= end[j]) continue;
                     const __m256 p = _mm256_set1_ps(scores[(j0 + j) * cap + (t - c0)]);
                     for (int c = 0; c < 8; c++)
-                        acc[j][c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vh + 8 * c), acc[j][c]);
+                        acc[j][c] = _mm256_fmadd_ps(p, KV_LOAD8(vh + 8 * c), acc[j][c]);
                 }
             }
             for (int64_t j = 0; j < m; j++)
@@ -265,7 +266,7 @@ typedef struct {
     int64_t b, R, h0, h1, c0, c1, part;
 } ChunkTask;
 
-static void decode_chunked(const float* q, const float* kv, const float* vbase,
+static void decode_chunked(const float* q, const kv_t* kv, const kv_t* vbase,
                                   const int64_t* block_table, const int64_t* seq_lens,
                                   const int64_t* run_start, int64_t runs, int64_t nh, int64_t nkv,
                                   int64_t hd, int64_t bs, int64_t max_blocks, float scale,
@@ -375,16 +376,17 @@ static int continues(const int64_t* block_table, const int64_t* seq_lens, int64_
                   sizeof(int64_t) * (size_t)used) == 0;
 }
 
-// q: [B, nh, hd]; kv: one layer's cache [2, num_blocks, block_size, nkv, hd];
+// q: [B, nh, hd]; kv: one layer's cache [2, num_blocks, block_size, nkv, hd] (kv_t);
 // block_table: [B, max_blocks]; seq_lens: [B] (keys 0..len-1 are visible, minus the
 // sliding window when window > 0); out: [B, nh, hd].
-void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_blocks,
-                               const int64_t* block_table, const int64_t* seq_lens, int64_t B,
-                               int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int64_t max_blocks,
-                               float scale, int64_t window, float* out, int nthreads) {
+void KV_NAME(tm_paged_attention_decode)(const float* q, const kv_t* kv, int64_t num_blocks,
+                                        const int64_t* block_table, const int64_t* seq_lens,
+                                        int64_t B, int64_t nh, int64_t nkv, int64_t hd, int64_t bs,
+                                        int64_t max_blocks, float scale, int64_t window, float* out,
+                                        int nthreads) {
     const int64_t G = nh / nkv;
-    const int64_t rec = nkv * hd;  // floats per token record
-    const float* vbase = kv + num_blocks * bs * rec;
+    const int64_t rec = nkv * hd;  // values per token record
+    const kv_t* vbase = kv + num_blocks * bs * rec;
 #if defined(CHUNKED_BODY)
     if ((hd == 64 || hd == 128) && window <= 0) {
         int64_t* run_start = malloc(sizeof(int64_t) * (size_t)(B + 1));

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "half.h"
 #include "poly_exp.h"
 #include "projection.h"
 
@@ -19,10 +20,15 @@ void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_bloc
                                const int64_t* block_table, const int64_t* seq_lens, int64_t B,
                                int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int64_t max_blocks,
                                float scale, int64_t window, float* out, int nthreads);
+void tm_paged_attention_decode_f16(const float* q, const uint16_t* kv, int64_t num_blocks,
+                                   const int64_t* block_table, const int64_t* seq_lens, int64_t B,
+                                   int64_t nh, int64_t nkv, int64_t hd, int64_t bs,
+                                   int64_t max_blocks, float scale, int64_t window, float* out,
+                                   int nthreads);
 typedef struct {  // the layout mirrors DecodeLayer in tokenmill/model/fused_decode.py
     const float* input_norm;
     const float* post_attn_norm;
-    float* kv_cache;  // [2, num_blocks, block_size * nkv * hd]
+    void* kv_cache;  // [2, num_blocks, block_size * nkv * hd]: float32, float16 if kv_half
     Projection qkv, o, gate_up, down;
     const float* q_norm;  // per-head RMSNorm weights of q and k (NULL: none)
     const float* k_norm;
@@ -30,6 +36,7 @@ typedef struct {  // the layout mirrors DecodeLayer in tokenmill/model/fused_dec
 
 typedef struct {  // mirrors DecodeDims
     int64_t hidden, heads, kv_heads, head_dim, intermediate, block_size, num_blocks, window;
+    int64_t kv_half;  // the pool holds float16 (rounded to nearest even as written)
     float eps, scale;
     const float* cos;
     const float* sin;
@@ -95,17 +102,30 @@ void tm_decode_layers(const DecodeLayer* layers, int64_t n_layers, const DecodeD
             }
         tm_rope_neox(wide_out, M, qkv_rows, d->heads + d->kv_heads, hd, step->positions, d->cos,
                      d->sin, nthreads);
-        float* values = L->kv_cache + d->num_blocks * d->block_size * kv_size;
+        const int64_t value_off = d->num_blocks * d->block_size * kv_size;
         for (int64_t m = 0; m < M; m++) {
             const float* row = wide_out + m * qkv_rows;
-            const int64_t slot = step->slot_mapping[m];
+            const int64_t at = step->slot_mapping[m] * kv_size;
             memcpy(q + m * q_size, row, sizeof(float) * (size_t)q_size);
-            memcpy(L->kv_cache + slot * kv_size, row + q_size, sizeof(float) * (size_t)kv_size);
-            memcpy(values + slot * kv_size, row + q_size + kv_size, sizeof(float) * (size_t)kv_size);
+            if (d->kv_half) {
+                uint16_t* kv = L->kv_cache;
+                floats_to_halves(row + q_size, kv_size, kv + at);
+                floats_to_halves(row + q_size + kv_size, kv_size, kv + value_off + at);
+            } else {
+                float* kv = L->kv_cache;
+                memcpy(kv + at, row + q_size, sizeof(float) * (size_t)kv_size);
+                memcpy(kv + value_off + at, row + q_size + kv_size, sizeof(float) * (size_t)kv_size);
+            }
         }
-        tm_paged_attention_decode(q, L->kv_cache, d->num_blocks, step->block_table, step->seq_lens,
-                                  M, d->heads, d->kv_heads, hd, d->block_size, step->max_blocks,
-                                  d->scale, d->window, attn, nthreads);
+        if (d->kv_half)
+            tm_paged_attention_decode_f16(q, L->kv_cache, d->num_blocks, step->block_table,
+                                          step->seq_lens, M, d->heads, d->kv_heads, hd,
+                                          d->block_size, step->max_blocks, d->scale, d->window,
+                                          attn, nthreads);
+        else
+            tm_paged_attention_decode(q, L->kv_cache, d->num_blocks, step->block_table,
+                                      step->seq_lens, M, d->heads, d->kv_heads, hd, d->block_size,
+                                      step->max_blocks, d->scale, d->window, attn, nthreads);
         linear(&L->o, attn, M, q_size, hidden, 1, nthreads);
         tm_rmsnorm(hidden, L->post_attn_norm, M, H, d->eps, normed, nthreads);
         linear(&L->gate_up, normed, M, H, wide_out, 0, nthreads);

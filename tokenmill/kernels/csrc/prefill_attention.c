@@ -15,6 +15,7 @@
 //
 // AVX-512 (16 lanes) and AVX2 (8 lanes) share the vector body (head sizes a multiple of the
 // lanes); other builds and head sizes: the portable body, a row at a time.
+// prefill_attention_f16.c builds this file again for a float16 pool.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -22,7 +23,7 @@
 
 #include "paged_kv.h"
 #include "poly_exp.h"
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if (defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))) && !defined(KV_NO_VECTOR)
 #include <immintrin.h>
 #define VECTOR_BODY 1
 #endif
@@ -42,6 +43,7 @@ static inline int64_t first_key(int64_t p, int64_t window) {
 #define ROWS 8  // score accumulators: ROWS x 2 vectors of 32
 typedef __m512 vf;
 #define VLOAD _mm512_loadu_ps
+#define VLOAD_KV KV_LOAD16
 #define VSTORE _mm512_storeu_ps
 #define VSET1 _mm512_set1_ps
 #define VFMA _mm512_fmadd_ps
@@ -61,6 +63,7 @@ ALWAYS_INLINE vf keep_seen(vf p, vf s) {
 #define ROWS 4  // score accumulators: ROWS x 2 vectors of 16
 typedef __m256 vf;
 #define VLOAD _mm256_loadu_ps
+#define VLOAD_KV KV_LOAD8
 #define VSTORE _mm256_storeu_ps
 #define VSET1 _mm256_set1_ps
 #define VFMA _mm256_fmadd_ps
@@ -109,7 +112,7 @@ ALWAYS_INLINE void tile_scores(const float* const* q, const float* kt, int64_t h
 
 // o_r = alpha_r o_r + sum_j p[r][j] v_j on NV vectors of the head dimension from d0, NR rows.
 ALWAYS_INLINE void tile_values(int NR, int NV, float* const* o, const float* p, const float* alpha,
-                               const float* const* v, int64_t d0) {
+                               const kv_t* const* v, int64_t d0) {
     vf acc[ROWS / 2][4];
     for (int r = 0; r < NR; r++) {
         const vf a = VSET1(alpha[r]);
@@ -117,7 +120,7 @@ ALWAYS_INLINE void tile_values(int NR, int NV, float* const* o, const float* p, 
     }
     for (int j = 0; j < KEY_TILE; j++) {
         vf x[4];
-        for (int i = 0; i < NV; i++) x[i] = VLOAD(v[j] + d0 + i * W);
+        for (int i = 0; i < NV; i++) x[i] = VLOAD_KV(v[j] + d0 + i * W);
         for (int r = 0; r < NR; r++) {
             const vf b = VSET1(p[r * KEY_TILE + j]);
             for (int i = 0; i < NV; i++) acc[r][i] = VFMA(b, x[i], acc[r][i]);
@@ -131,7 +134,7 @@ ALWAYS_INLINE void tile_values(int NR, int NV, float* const* o, const float* p, 
 // m, l: the rows' running maximum and exp-sum; pos: their positions (lo: first visible keys).
 static void block_tile(const float* const* q, float* const* o, const int64_t* pos,
                        const int64_t* lo, float* m, float* l, const float* kt,
-                       const float* const* v, int64_t t0, int64_t hd, float scale, float* s) {
+                       const kv_t* const* v, int64_t t0, int64_t hd, float scale, float* s) {
     tile_scores(q, kt, hd, scale, s);
     float alpha[ROWS];
     for (int r = 0; r < ROWS; r++) {
@@ -163,7 +166,7 @@ static void block_tile(const float* const* q, float* const* o, const int64_t* po
 }
 
 typedef struct {
-    float *kt, *s, *o, *m, *l, *zero;  // per thread
+    float *kt, *s, *o, *m, *l, *zero;  // per thread (zero: hd floats, also read as kv_t)
 } Scratch;
 
 // The rows of positions p0 .. p0 + n - 1 of one chunk (queries of the G heads sharing the KV
@@ -185,13 +188,14 @@ static void attend_tile(const HeadKeys* a, const float* q, int64_t q_stride, flo
     }
     memset(w->o, 0, sizeof(float) * (size_t)(blocks * ROWS * hd));
     const int64_t last = p0 + n - 1, start = first_key(p0, window) / KEY_TILE * KEY_TILE;
-    const float* vp[KEY_TILE];
+    const kv_t* vp[KEY_TILE];
+    const kv_t* zero = (const kv_t*)w->zero;
     for (int64_t t0 = start; t0 <= last; t0 += KEY_TILE) {
         for (int j = 0; j < KEY_TILE; j++) {  // keys past the rows' last are zeros
             const int64_t t = t0 + j;
-            const float* k = t <= last ? key_at(a, t) : w->zero;
-            vp[j] = t <= last ? value_at(a, t) : w->zero;
-            for (int64_t d = 0; d < hd; d++) w->kt[d * KEY_TILE + j] = k[d];
+            const kv_t* k = t <= last ? key_at(a, t) : zero;
+            vp[j] = t <= last ? value_at(a, t) : zero;
+            for (int64_t d = 0; d < hd; d++) w->kt[d * KEY_TILE + j] = kv_float(k[d]);
         }
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t r0 = b * ROWS;
@@ -209,21 +213,21 @@ static void attend_tile(const HeadKeys* a, const float* q, int64_t q_stride, flo
 #endif
 
 // q: rows [T, nh, hd] at q_stride floats apart; kv: one layer's cache [2, num_blocks,
-// block_size, nkv, hd], the chunks' own keys already in it; chunk c: rows query_start[c] ..
+// block_size, nkv, hd] (kv_t), the chunks' own keys already in it; chunk c: rows query_start[c] ..
 // query_start[c + 1] - 1 at positions ending at context_lens[c] - 1, blocks block_table[c];
 // window > 0: a row sees its last `window` keys only. out: [T, nh, hd] (rows of no chunk are
 // left as they are).
-void tm_paged_attention_prefill(const float* q, int64_t q_stride, const float* kv,
-                                int64_t num_blocks, const int64_t* block_table,
-                                int64_t max_blocks, const int64_t* query_start,
-                                const int64_t* context_lens, int64_t C, int64_t nh, int64_t nkv,
-                                int64_t hd, int64_t bs, float scale, int64_t window, float* out,
-                                int nthreads) {
+void KV_NAME(tm_paged_attention_prefill)(const float* q, int64_t q_stride, const kv_t* kv,
+                                         int64_t num_blocks, const int64_t* block_table,
+                                         int64_t max_blocks, const int64_t* query_start,
+                                         const int64_t* context_lens, int64_t C, int64_t nh,
+                                         int64_t nkv, int64_t hd, int64_t bs, float scale,
+                                         int64_t window, float* out, int nthreads) {
     const int64_t G = nh / nkv, rec = nkv * hd;
     // positions per task: a task's rows (positions x G) stay within QUERY_TILE * GROUP_MAX
     const int64_t tile = G <= GROUP_MAX ? QUERY_TILE
                        : G < QUERY_TILE * GROUP_MAX ? QUERY_TILE * GROUP_MAX / G : 1;
-    const float* vbase = kv + num_blocks * bs * rec;
+    const kv_t* vbase = kv + num_blocks * bs * rec;
     // tasks: (chunk, tile, KV head), the longest rows first (dynamic scheduling)
     int64_t ntasks = 0;
     for (int64_t c = 0; c < C; c++)

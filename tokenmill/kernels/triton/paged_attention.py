@@ -48,7 +48,7 @@ def _attend_key_tiles(
             k_cache_ptr + key_off[None, :] + d[:, None],
             mask=n_ok[None, :] & d_ok[:, None],
             other=0.0,
-        )
+        ).to(q.dtype)  # a pool of another dtype (--kv-cache-dtype) computes in q's
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale
         visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
         if window > 0:
@@ -63,7 +63,7 @@ def _attend_key_tiles(
             v_cache_ptr + key_off[:, None] + d[None, :],
             mask=n_ok[:, None] & d_ok[None, :],
             other=0.0,
-        )
+        ).to(q.dtype)
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
