@@ -14,6 +14,7 @@ Systems
                         steps past 32 rows: the GEMM at 24 bits, its default)
     tokenmill native a8 the same with the GEMM's activations at 8 bits (int8 per 32 values, as
                         llama.cpp's; LLM(int_dot_activation_bits=8))
+    tokenmill native kv16   the defaults with a float16 KV cache (LLM(kv_cache_dtype="float16"))
     tokenmill native Q8_0   the same on the Q8_0 copy of the file (make_gguf_variants.sh)
     tokenmill fp32      LLM(weights="float32") (float32 weights, dequantized from the GGUF)
     tokenmill bf16      LLM(weights="bfloat16") (bf16 linear layers)
@@ -783,6 +784,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tokenmill native a8",
             lambda: bench_tokenmill(
                 "tokenmill native a8", "native", sizes, work, threads, int_dot_activation_bits=8
+            ),
+        ),
+        (
+            "tokenmill native kv16",
+            lambda: bench_tokenmill(
+                "tokenmill native kv16", "native", sizes, work, threads, kv_cache_dtype="float16"
             ),
         ),
         (
