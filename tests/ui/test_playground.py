@@ -13,6 +13,8 @@ from tests.ui.conftest import KEY, open_ui
 
 ASSISTANT = "#messages article.assistant"
 # Counts the assistant text's length at every DOM change while a reply streams in.
+# a reply of ~64 tokens: long enough to arrive over many chunks on a fast or loaded machine
+PROMPT_TEXT = "Write a short story about a lighthouse keeper."
 WATCH_LENGTHS = """() => {
   window.__lengths = [];
   new MutationObserver(() => {
@@ -29,10 +31,10 @@ def test_a_reply_streams_in_with_its_stats_and_the_request_copies_as_code(page, 
     expect(page.locator("#model")).to_have_value("SmolLM2-135M-Instruct")
     page.fill("#system", "You are terse.")
     page.fill("#temperature", "0")
-    page.fill("#max_tokens", "24")
+    page.fill("#max_tokens", "64")
     page.fill("#seed", "7")
     page.evaluate(WATCH_LENGTHS)
-    page.fill("#prompt", "Name five colours, one per line.")
+    page.fill("#prompt", PROMPT_TEXT)
     page.press("#prompt", "Enter")
     stats = page.locator(f"{ASSISTANT} footer.stats")
     expect(stats.locator(".stat-finish")).to_be_visible(timeout=90_000)
@@ -52,25 +54,25 @@ def test_a_reply_streams_in_with_its_stats_and_the_request_copies_as_code(page, 
 
     # kept in this browser: a reload shows the same conversation
     stored = page.evaluate("JSON.parse(localStorage.getItem('tokenmill.conversations'))")
-    assert stored[0]["messages"][0]["content"] == "Name five colours, one per line."
+    assert stored[0]["messages"][0]["content"] == PROMPT_TEXT
     assert stored[0]["system"] == "You are terse."
 
     page.click("#copy-python")
     python = page.locator("#snippet").inner_text()
     assert f"{ui_server.base_url}/v1" in python and "TOKENMILL_API_KEY" in python
-    assert '"seed": 7' in python and '"Name five colours, one per line."' in python
+    assert '"seed": 7' in python and f'"{PROMPT_TEXT}"' in python
     page.click("#copy-curl")
     curl = page.locator("#snippet").inner_text()
     assert curl.startswith(f"curl -N {ui_server.base_url}/v1/chat/completions")
     body = json.loads(curl.split("<<'JSON'\n", 1)[1].rsplit("\nJSON", 1)[0])
     assert body["messages"][0] == {"role": "system", "content": "You are terse."}
-    assert body["stream_options"] == {"include_usage": True} and body["max_tokens"] == 24
+    assert body["stream_options"] == {"include_usage": True} and body["max_tokens"] == 64
     assert KEY not in curl + python, "the key never goes into a snippet"
 
     page.reload()
     page.wait_for_selector("body[data-ready=true]")  # the key stays for this tab
     expect(page.locator(ASSISTANT)).to_have_count(1)
-    expect(page.locator("#messages article.user")).to_have_text(re.compile("Name five colours"))
+    expect(page.locator("#messages article.user")).to_have_text(re.compile("lighthouse keeper"))
 
 
 def test_tool_mode_shows_the_parsed_tool_call(page, ui_server):
