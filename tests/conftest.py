@@ -20,6 +20,23 @@ def _collect_leaked_clients():
     gc.collect()
 
 
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """$TOKENMILL_CACHE in a new folder (no KLD or row-limit measurements kept) with this
+    machine's built C kernels linked in: a `serve` subprocess would otherwise compile them
+    again (~10 s)."""
+    from tokenmill.cache_dirs import cache_root
+    from tokenmill.kernels.build import load_kernels
+
+    load_kernels()  # built into the user's cache if they are not yet
+    root = tmp_path / "cache"
+    root.mkdir()
+    if (cache_root() / "kernels").is_dir():
+        (root / "kernels").symlink_to(cache_root() / "kernels", target_is_directory=True)
+    monkeypatch.setenv("TOKENMILL_CACHE", str(root))
+    return root
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
     from tests.tiny_models import make_hf_model, save_hf_folder

@@ -15,8 +15,7 @@ import torch
 from tests.server.conftest import start_server
 
 
-def test_served_device_and_fp8_weights_under_the_kld_gate(tmp_path, tiny_llama_dir, monkeypatch):
-    monkeypatch.setenv("TOKENMILL_CACHE", str(tmp_path))
+def test_served_device_and_fp8_weights_under_the_kld_gate(tmp_path, tiny_llama_dir, fresh_cache):
     srv = start_server(
         tmp_path, "--model", str(tiny_llama_dir), "--device", "auto", "--weights", "fp8",
         "--max-kld", "0.5",
@@ -42,12 +41,12 @@ def test_served_device_and_fp8_weights_under_the_kld_gate(tmp_path, tiny_llama_d
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
-def test_serve_on_cuda_without_a_gpu_exits_with_a_clear_error(tmp_path, tiny_llama_dir):
+def test_serve_on_cuda_without_a_gpu_exits_with_a_clear_error(tiny_llama_dir, fresh_cache):
     proc = subprocess.run(
         [sys.executable, "-m", "tokenmill.cli", "serve", "--model", str(tiny_llama_dir),
          "--device", "cuda", "--port", "0", "--kv-cache-memory", "0.05"],
         capture_output=True, text=True, timeout=300,
-        env={**os.environ, "TOKENMILL_CACHE": str(tmp_path)},
+        env=dict(os.environ),  # $TOKENMILL_CACHE: fresh_cache
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]

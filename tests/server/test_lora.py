@@ -123,7 +123,7 @@ def test_fp16_adapters_over_a_quantized_base_under_serve(lora_server, tiny_llama
     assert max(abs(a - b) for a, b in zip(served, offline, strict=True)) < 1e-5
 
 
-def test_serve_with_a_missing_adapter_exits_with_one_clear_line(tmp_path, tiny_llama_dir):
+def test_serve_with_a_missing_adapter_exits_with_one_clear_line(tmp_path, tiny_llama_dir, fresh_cache):
     import os
     import subprocess
     import sys
@@ -132,7 +132,7 @@ def test_serve_with_a_missing_adapter_exits_with_one_clear_line(tmp_path, tiny_l
         [sys.executable, "-m", "tokenmill.cli", "serve", "--model", str(tiny_llama_dir),
          "--lora", f"gone={tmp_path / 'nope'}", "--port", "0", "--kv-cache-memory", "0.05"],
         capture_output=True, text=True, timeout=300,
-        env={**os.environ, "TOKENMILL_CACHE": str(tmp_path)},
+        env=dict(os.environ),  # $TOKENMILL_CACHE: fresh_cache
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (

@@ -12,8 +12,8 @@ import httpx
 from tests.server.conftest import start_server
 
 
-def test_serve_refuses_weights_over_the_kld_budget(tmp_path, tiny_llama_dir):
-    env = {**os.environ, "TOKENMILL_CACHE": str(tmp_path)}
+def test_serve_refuses_weights_over_the_kld_budget(tiny_llama_dir, fresh_cache):
+    env = dict(os.environ)  # $TOKENMILL_CACHE: fresh_cache
     proc = subprocess.run(
         [sys.executable, "-m", "tokenmill.cli", "serve", "--model", str(tiny_llama_dir),
          "--weights", "q4_0", "--max-kld", "1e-9", "--port", "0", "--kv-cache-memory", "0.05"],
@@ -28,8 +28,7 @@ def test_serve_refuses_weights_over_the_kld_budget(tmp_path, tiny_llama_dir):
     assert "Traceback" not in proc.stderr  # one clear line, not a stack (nor uvicorn's)
 
 
-def test_served_weights_show_their_kld(tmp_path, tiny_llama_dir, monkeypatch):
-    monkeypatch.setenv("TOKENMILL_CACHE", str(tmp_path))
+def test_served_weights_show_their_kld(tmp_path, tiny_llama_dir, fresh_cache):
     srv = start_server(
         tmp_path, "--model", str(tiny_llama_dir), "--weights", "q8_0", "--max-kld", "0.5"
     )
