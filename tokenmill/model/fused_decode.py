@@ -185,6 +185,32 @@ class FusedDecoder:
         return hidden
 
 
+class OneCallDecoding:
+    """The models whose decode steps may run in one native call (llama.py, models/decoder.py):
+    they set `_fused_decode = FusedDecode()` and give their layers' forms (`fused_layers`)."""
+
+    _fused_decode: FusedDecode
+
+    def _fused_decoder(self, kv_caches: list[torch.Tensor], attn) -> FusedDecoder | None:
+        """The one-call decode path for these KV caches, when every layer can run it."""
+        return self._fused_decode.get(self, kv_caches, attn)
+
+    @property
+    def _fused(self) -> FusedDecoder | None:
+        return self._fused_decode.decoder
+
+    def decode_in_one_call(
+        self, hidden: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+        attn, meta: AttentionMetadata,
+    ) -> torch.Tensor | None:  # fmt: skip
+        """The step's last hidden states from the one-call decoder; None where the model or
+        this step cannot run it (then the layers run one by one)."""
+        fused = self._fused_decoder(kv_caches, attn)
+        if fused is None or not decode_only(meta, hidden.shape[0], fused.max_rows):
+            return None
+        return fused.forward(hidden, positions, meta)
+
+
 class FusedDecode:
     """A model's one-call decoder, built at the first step with a given set of KV caches
     (None where the model or the step's setup cannot run it)."""

@@ -13,7 +13,7 @@ import torch
 from tokenmill.kernels import ops
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
-from tokenmill.model.fused_decode import FusedDecode, FusedDecoder, FusedLayer, decode_only
+from tokenmill.model.fused_decode import FusedDecode, FusedLayer, OneCallDecoding
 from tokenmill.model.linear import FloatMethod, dense_table  # noqa: F401 (re-exported)
 from tokenmill.model.packed import PackedWeight, cat_rows
 from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
@@ -80,7 +80,7 @@ class LlamaLayer:
         return self.down_proj(m.silu_mul(gate_up), residual=hidden)
 
 
-class LlamaForCausalLM:
+class LlamaForCausalLM(OneCallDecoding):
     cuda_graph_safe = True  # decode steps may replay CUDA graphs
 
     def __init__(
@@ -122,20 +122,12 @@ class LlamaForCausalLM:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         hidden = self.embed_tokens[input_ids]
-        fused = self._fused_decoder(kv_caches, attn)
-        if fused is not None and decode_only(meta, hidden.shape[0], fused.max_rows):
-            return fused.forward(hidden, positions, meta)
+        fused = self.decode_in_one_call(hidden, positions, kv_caches, attn, meta)
+        if fused is not None:
+            return fused
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(hidden, positions, self.rope, attn, kv_cache, meta)
         return hidden
-
-    def _fused_decoder(self, kv_caches: list[torch.Tensor], attn) -> FusedDecoder | None:
-        """The one-call decode path for these KV caches, when every layer can run it."""
-        return self._fused_decode.get(self, kv_caches, attn)
-
-    @property
-    def _fused(self) -> FusedDecoder | None:
-        return self._fused_decode.decoder
 
     def fused_layers(self, attn) -> list[FusedLayer]:
         """The layers as the one-call decoder runs them."""

@@ -9,7 +9,7 @@ import torch
 
 from tokenmill.model.arch_config import ArchConfig
 from tokenmill.model.attention import AttentionBackend, AttentionMetadata
-from tokenmill.model.fused_decode import FusedDecode, FusedDecoder, FusedLayer, decode_only
+from tokenmill.model.fused_decode import FusedDecode, FusedLayer, OneCallDecoding
 from tokenmill.model.linear import FloatMethod
 from tokenmill.model.models.layers import GatedMLP, SelfAttention
 from tokenmill.model.models.moe import (
@@ -85,7 +85,7 @@ class DecoderLayer:
         return self.mlp(x, residual=hidden)
 
 
-class DecoderModel:
+class DecoderModel(OneCallDecoding):
     """What the model runner drives: forward (hidden states of a flat batch),
     compute_logits, greedy_tokens; `config`, `method`, `embed_tokens`, `norm`, `lm_head`."""
 
@@ -162,20 +162,12 @@ class DecoderModel:
         hidden = self.embed_tokens[input_ids]
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
-        fused = self._fused_decoder(kv_caches, attn)
-        if fused is not None and decode_only(meta, hidden.shape[0], fused.max_rows):
-            return fused.forward(hidden, positions, meta)
+        fused = self.decode_in_one_call(hidden, positions, kv_caches, attn, meta)
+        if fused is not None:
+            return fused
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(hidden, positions, attn, kv_cache, meta)
         return hidden
-
-    def _fused_decoder(self, kv_caches: list[torch.Tensor], attn) -> FusedDecoder | None:
-        """The one-call decode path for these KV caches, when every layer can run it."""
-        return self._fused_decode.get(self, kv_caches, attn)
-
-    @property
-    def _fused(self) -> FusedDecoder | None:
-        return self._fused_decode.decoder
 
     def fused_layers(self, attn) -> list[FusedLayer] | None:
         """The layers as the one-call decoder runs them; None where one cannot."""
