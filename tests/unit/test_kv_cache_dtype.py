@@ -211,3 +211,36 @@ def test_kv_cache_dtype_is_checked():
 
     with pytest.raises(ValueError, match="cache_dtype"):
         CacheConfig(cache_dtype="fp8")
+
+
+def test_speculative_decoding_over_a_float16_pool_is_lossless():
+    """Verification rows (a request's drafts continuing one sequence) read the float16 pool
+    as decodes do: n-gram speculation gives the same tokens and log-probabilities."""
+    from tokenmill import LLM, SamplingParams
+
+    text = "The quick brown fox jumps over the lazy dog. " * 6
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=1)
+    spec = LLM(kv_cache_dtype="float16", speculative="ngram", kv_cache_memory_gib=0.1)
+    plain = LLM(kv_cache_dtype="float16", kv_cache_memory_gib=0.1)
+    a, b = spec.generate([text], params)[0].outputs[0], plain.generate([text], params)[0].outputs[0]
+    assert spec.engine.core.drafter.stats.num_accepted_tokens > 0
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gpt_oss"])  # sliding windows; attention sinks
+def test_families_over_a_float16_pool(tmp_path, family):
+    """Sliding-window layers (the native kernels' windowed bodies) and attention sinks
+    (torch's path, which widens the pool's K/V) over a float16 pool: within its rounding of a
+    float32 pool's logits, prefilled whole and a token at a time."""
+    from tests.family_gguf import write_family_gguf
+    from tests.family_models import make_family_model
+    from tokenmill.engine.scoring import sequence_logits
+
+    path = tmp_path / f"{family}.gguf"
+    write_family_gguf(make_family_model(family), family, path, "F32")
+    half, full = _llm(str(path), kv_cache_dtype="float16"), _llm(str(path))
+    ids = list(range(100, 160))
+    for chunk, n in ((None, 60), (1, 20)):
+        a = sequence_logits(half.engine.core, ids[:n], chunk_size=chunk)
+        b = sequence_logits(full.engine.core, ids[:n], chunk_size=chunk)
+        assert (a - b).abs().max().item() <= 5e-2, chunk
