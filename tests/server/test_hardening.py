@@ -352,7 +352,8 @@ def test_rejecting_huge_bad_bodies_does_not_stall_a_stream(server):
     reader.join(120)
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False) if start <= b <= end + 0.1]
     assert len(arrivals) > 200 and gaps, (len(arrivals), end - start)
-    assert max(gaps) < 0.5, sorted(gaps)[-5:]
+    # 1 s: far under the 8 s freeze, above a 2-core VM's scheduling noise with 32 senders
+    assert max(gaps) < 1.0, sorted(gaps)[-5:]
     assert_healthy(server)
 
 
