@@ -413,3 +413,9 @@ def test_max_kld_gate_refuses_over_budget_and_caches(tiny_llama_dir, tmp_path, m
     assert 0 < report["mean_kld"] < 10 and report["plan"] == "q4_0"
     exact = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.05, max_kld=0.0)
     assert exact.engine.core.weights_kld["mean_kld"] == 0.0
+    # the same weights with 8-bit activations are measured again, not read from the 24-bit
+    # measurement's cache (which would let them through a budget they exceed)
+    a8 = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.05, weights="q4_0", max_kld=10.0,
+             int_dot_activation_bits=8)  # fmt: skip
+    assert len(list((tmp_path / "kld").glob("*.json"))) == 3
+    assert a8.engine.core.weights_kld["mean_kld"] != report["mean_kld"]

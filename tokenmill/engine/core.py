@@ -286,7 +286,10 @@ class EngineCore:
             return None
         from tokenmill.quant.gate import check_kld, measure_engine_kld
 
-        report = measure_engine_kld(model_config.model, files.path, model_config.plan, self.model)
+        report = measure_engine_kld(
+            model_config.model, files.path, model_config.plan, self.model,
+            dataclasses.asdict(self.kernel_config),
+        )  # fmt: skip
         logger.info(
             "weights %s: mean KLD %.6f from float32 (budget %g)",
             report["plan"],

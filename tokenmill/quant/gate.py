@@ -36,8 +36,9 @@ def _hash_file(h, path: Path) -> None:
             h.update(chunk)
 
 
-def fingerprint(model_path: Path, plan: QuantPlan) -> str:
-    """The model files' content, the plan, the texts and the gate's protocol."""
+def fingerprint(model_path: Path, plan: QuantPlan, kernels: dict | None = None) -> str:
+    """The model files' content, the plan, the kernel settings in force (the activations'
+    precision and the row limits change the numbers), the texts and the gate's protocol."""
     h = hashlib.sha256(_CACHE_VERSION.encode())
     files = (
         [model_path]
@@ -50,6 +51,7 @@ def fingerprint(model_path: Path, plan: QuantPlan) -> str:
         h.update(path.name.encode())
         _hash_file(h, path)
     h.update(json.dumps(plan.to_dict(), sort_keys=True).encode())
+    h.update(json.dumps(kernels or {}, sort_keys=True, default=str).encode())
     if plan.calibration is not None:
         _hash_file(h, CALIBRATION_TEXT if plan.calibration == "builtin" else Path(plan.calibration))
     _hash_file(h, EVALUATION_TEXT)
@@ -58,11 +60,16 @@ def fingerprint(model_path: Path, plan: QuantPlan) -> str:
 
 
 def measure_engine_kld(
-    model: str | None, model_path: Path, plan: QuantPlan, engine_model: LlamaForCausalLM
+    model: str | None,
+    model_path: Path,
+    plan: QuantPlan,
+    engine_model: LlamaForCausalLM,
+    kernels: dict | None = None,
 ) -> dict:
-    """The KLD report (dict) of `engine_model` (the plan's weights, already built) against the
-    same model in float32; from the cache when this exact measurement was made before."""
-    key = fingerprint(model_path, plan)
+    """The KLD report (dict) of `engine_model` (the plan's weights, already built, run with
+    the kernel settings `kernels`) against the same model in float32; from the cache when
+    this exact measurement was made before."""
+    key = fingerprint(model_path, plan, kernels)
     cached = cache_root() / "kld" / f"{key}.json"
     if cached.exists():
         try:
