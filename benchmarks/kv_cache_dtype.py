@@ -118,7 +118,9 @@ def fidelity_table(tokens: int) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter, allow_abbrev=False
+    )
     ap.add_argument("--sequences", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=None)
