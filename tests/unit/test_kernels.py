@@ -147,3 +147,27 @@ def test_decode_rows_continuing_one_sequence_equal_each_row_alone(
     meta = AttentionMetadata(torch.empty(0, dtype=torch.long), len(rows), table, lens, [])
     ref = TorchSDPABackend(nh, nkv, hd, bs, None)._decode(q, kv, meta)
     assert torch.allclose(batched.reshape(ref.shape), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("march", KERNEL_BUILDS)
+def test_gelu_tanh_mul_is_torchs_and_the_same_in_every_build(march):
+    """The one-call decoder's GELU (tanh) times up: torch's within float32 rounding, the same
+    bits in every build and in a row's vector lanes and scalar tail (37 values: 2 x 16 + 5)."""
+    lib = kernel_build(march)
+    g = torch.Generator().manual_seed(0)
+    gate_up = torch.randn(5, 74, generator=g) * torch.tensor([0.01, 1.0, 4.0, 12.0, 60.0])[:, None]
+    out = torch.empty(5, 37)
+    lib.tm_gelu_tanh_mul_rows(gate_up.data_ptr(), 5, 37, out.data_ptr(), 2)
+    ref = F.gelu(gate_up[:, :37].double(), approximate="tanh") * gate_up[:, 37:].double()
+    assert torch.allclose(out.double(), ref, rtol=2e-6, atol=1e-6), (out - ref).abs().max()
+    native = torch.empty_like(out)
+    kernel_build("native").tm_gelu_tanh_mul_rows(gate_up.data_ptr(), 5, 37, native.data_ptr(), 1)
+    assert torch.equal(out, native)
+    # one value per row at every position: lanes and tail agree
+    row = gate_up[3:4].clone()
+    shifted = torch.empty(1, 37)
+    for j in (0, 15, 31, 36):
+        row[0, :37] = gate_up[3, j]
+        row[0, 37:] = 1.0
+        lib.tm_gelu_tanh_mul_rows(row.data_ptr(), 1, 37, shifted.data_ptr(), 1)
+        assert torch.equal(shifted, shifted[0, :1].expand(1, 37)), j

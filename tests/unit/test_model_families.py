@@ -229,16 +229,18 @@ def test_fused_expert_tensors_load_per_expert(tmp_path, family):
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
-def test_qwen3_decodes_in_one_native_call(tmp_path, qtype, monkeypatch):
-    """Qwen3's layers (per-head q/k norms) run the one-call decoder on packed weights: the
-    per-layer path's bits (its native head norms and RoPE), within the integer-dot bound of
-    the float32 method on the same file, the same greedy tokens alone and batched. Gemma 3's
-    layers (norms around each block) keep the per-layer path."""
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_families_decode_in_one_native_call(tmp_path, family, qtype, monkeypatch):
+    """Qwen3's layers (per-head q/k norms) and Gemma 3's (norms around each block, GELU,
+    sliding-window layers with their own RoPE base) run the one-call decoder on packed
+    weights: the per-layer path's bits (its native norms, RoPE and activation), within the
+    integer-dot bound of the float32 method on the same file, the same greedy tokens alone
+    and batched."""
     from tests.family_gguf import write_family_gguf
     from tests.unit.test_model_parity import INT_DOT_BOUND
 
-    path = tmp_path / f"qwen3-{qtype}.gguf"
-    write_family_gguf(make_family_model("qwen3"), "qwen3", path, qtype)
+    path = tmp_path / f"{family}-{qtype}.gguf"
+    write_family_gguf(make_family_model(family), family, path, qtype)
     fused = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
     monkeypatch.setenv("TOKENMILL_FUSED_DECODE", "0")
     per_layer = LLM(str(path), kv_cache_memory_gib=0.05, weights="native")
@@ -257,8 +259,3 @@ def test_qwen3_decodes_in_one_native_call(tmp_path, qtype, monkeypatch):
     tokens = [o.outputs[0].token_ids for o in fused.generate(prompts, params)]
     assert tokens == [o.outputs[0].token_ids for o in per_layer.generate(prompts, params)]
     assert tokens == [o.outputs[0].token_ids for o in reference.generate(prompts, params)]
-    gemma = tmp_path / f"gemma3-{qtype}.gguf"
-    write_family_gguf(make_family_model("gemma3"), "gemma3", gemma, qtype)
-    llm = LLM(str(gemma), kv_cache_memory_gib=0.05, weights="native")
-    llm.generate(prompts[:1], SamplingParams(max_tokens=4))
-    assert llm.engine.core.model._fused is None

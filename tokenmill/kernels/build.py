@@ -135,6 +135,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_quantize_rows_strided": [p, i64, i64, i64, p, p, i32],
         "tm_silu_mul_quant": [p, i64, i64, p, p, i32],
         "tm_silu_mul_rows": [p, i64, i64, p, i32],
+        "tm_gelu_tanh_mul_rows": [p, i64, i64, p, i32],
         "tm_dequant_i32": [p, p, p, p, i64, i64, i32, p, i32],
         "tm_rope_neox": [p, i64, i64, i64, i64, p, p, p, i32],
         "tm_block_bytes": [i32],

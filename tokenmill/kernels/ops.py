@@ -61,6 +61,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu(gate, approximate="tanh") * up on [M, 2I] rows (gate first): the one-call
+    decoder's GELU (decode_layers.c)."""
+    m, two_i = gate_up.shape
+    gate_up = gate_up.contiguous()
+    out = torch.empty(m, two_i // 2, dtype=torch.float32)
+    load_kernels().tm_gelu_tanh_mul_rows(_p(gate_up), m, two_i // 2, _p(out), _threads())
+    return out
+
+
 def silu_mul_quant(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, two_i = gate_up.shape
     gate_up = gate_up.contiguous()

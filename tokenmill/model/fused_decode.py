@@ -7,8 +7,8 @@ than the layers run those kernels for: row_kernels.py's limit), `tm_decode_layer
 in the same order, minus the ~15 torch and ctypes calls per layer that cost about a third of a
 decode token on the embedded model. Any other step, model or method takes the per-layer path.
 Llama layers run it, and the families' layers of the same shape (models/decoder.py: Qwen2,
-Qwen3 with its per-head q/k norms, SmolLM3...): a SiLU-gated MLP, full-width NeoX RoPE, one
-attention scale and window for every layer.
+Qwen3 with its per-head q/k norms, SmolLM3, Gemma 3 with its sandwich norms, GELU and
+alternating windows and RoPE bases...): a SiLU- or GELU-gated MLP, full-width NeoX RoPE.
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ class FusedLayer:
     window: int | None  # sliding window
     q_norm: torch.Tensor | None = None  # per-head RMSNorm weights (Qwen3)
     k_norm: torch.Tensor | None = None
+    # sandwich norms (Gemma 3): post_attn_norm then normalizes the attention's output, these
+    # the MLP's input and output
+    pre_ff_norm: torch.Tensor | None = None
+    post_ff_norm: torch.Tensor | None = None
+    gelu: bool = False  # GELU (tanh) gates the MLP, not SiLU
 
     @property
     def projections(self) -> tuple:
@@ -67,18 +72,22 @@ class DecodeLayer(ctypes.Structure):
         ("down", Projection),
         ("q_norm", _ptr),
         ("k_norm", _ptr),
+        ("pre_ff_norm", _ptr),
+        ("post_ff_norm", _ptr),
+        ("cos", _ptr),  # the layer's RoPE tables
+        ("sin", _ptr),
+        ("window", _i64),
+        ("scale", ctypes.c_float),
+        ("gelu", ctypes.c_int32),
     ]
 
 
 class DecodeDims(ctypes.Structure):
     _fields_ = [
         *((name, _i64) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")),
-        *((name, _i64) for name in ("block_size", "num_blocks", "window")),
+        *((name, _i64) for name in ("block_size", "num_blocks")),
         ("kv_half", _i64),  # the KV pool holds float16
         ("eps", ctypes.c_float),
-        ("scale", ctypes.c_float),
-        ("cos", _ptr),
-        ("sin", _ptr),
     ]
 
 
@@ -110,7 +119,7 @@ class FusedDecoder:
                  attn: CPUPagedBackend):  # fmt: skip
         self.layers = (DecodeLayer * len(layers))()
         for i, (layer, kv) in enumerate(zip(layers, kv_caches, strict=True)):
-            norms = [None if w is None else w.data_ptr() for w in (layer.q_norm, layer.k_norm)]
+            norms = (layer.q_norm, layer.k_norm, layer.pre_ff_norm, layer.post_ff_norm)
             self.layers[i] = DecodeLayer(
                 layer.input_norm.data_ptr(),
                 layer.post_attn_norm.data_ptr(),
@@ -119,9 +128,13 @@ class FusedDecoder:
                 projection_of(layer.o),
                 projection_of(layer.gate_up),
                 projection_of(layer.down),
-                *norms,
+                *(None if w is None else w.data_ptr() for w in norms),
+                layer.rope.cos.data_ptr(),
+                layer.rope.sin.data_ptr(),
+                layer.window or 0,
+                layer.scale,
+                layer.gelu,
             )
-        first = layers[0]
         # the most rows a step may have here: what every projection runs the integer-dot
         # kernels for (row_kernels.py's measured limit)
         self.max_rows = min(p.int_dot_max_rows for x in layers for p in x.projections)
@@ -133,30 +146,25 @@ class FusedDecoder:
             config.intermediate_size,
             attn.block_size,
             kv_caches[0].shape[1],
-            first.window or 0,
             kv_caches[0].dtype == torch.float16,
             config.rms_norm_eps,
-            first.scale,
-            first.rope.cos.data_ptr(),
-            first.rope.sin.data_ptr(),
         )
 
     @staticmethod
     def supports(
         method: Any, layers: list[FusedLayer] | None, kv_caches: list[torch.Tensor], attn
     ) -> bool:
-        """Every layer has a form here (`layers`), runs every projection on the integer-dot
-        GEMV, and shares the first one's RoPE tables, scale and window."""
+        """Every layer has a form here (`layers`) and runs every projection on the
+        integer-dot GEMV; the KV pools are one dtype the native attention reads."""
         if not layers or not method.fused_decode or not isinstance(attn, CPUPagedBackend):
             return False
-        first = layers[0]
         return (
             all(kv.dtype in ops.KV_POOL_DTYPES and kv.is_contiguous() for kv in kv_caches)
             and len({kv.dtype for kv in kv_caches}) == 1
             and all(runs_int_dot(p) for x in layers for p in x.projections)
             and all(
-                x.rope is first.rope and x.scale == first.scale and x.window == first.window
-                and (x.q_norm is None) == (x.k_norm is None)
+                (x.q_norm is None) == (x.k_norm is None)
+                and (x.pre_ff_norm is None) == (x.post_ff_norm is None)
                 for x in layers
             )  # fmt: skip
         )

@@ -50,17 +50,19 @@ class DecoderLayer:
 
     def fused_layer(self) -> FusedLayer | None:
         """The layer as the one-call decoder runs it: pre-norm attention (q/k norms per head
-        or none, full-width RoPE, no sinks or clipping) and a SiLU-gated MLP; else None."""
+        or none, full-width RoPE, no sinks or clipping; sandwich norms or not) and a SiLU- or
+        GELU-gated MLP; else None."""
         a, mlp = self.self_attn, self.mlp
         if (
-            self.sandwich or not isinstance(mlp, GatedMLP) or mlp.act != "silu"
-            or a.qk_norm not in (None, "head") or a.sinks is not None or a.clip is not None
-            or not a.native_rope
+            not isinstance(mlp, GatedMLP) or a.qk_norm not in (None, "head")
+            or a.sinks is not None or a.clip is not None or not a.native_rope
         ):  # fmt: skip
             return None
+        sandwich = (self.pre_ff_norm, self.post_ff_norm) if self.sandwich else (None, None)
         return FusedLayer(
             self.input_norm, self.post_attn_norm, a.qkv_proj, a.o_proj, mlp.gate_up_proj,
-            mlp.down_proj, a.rope, a.scale, a.window, a.q_norm, a.k_norm,
+            mlp.down_proj, a.rope, a.scale, a.window, a.q_norm, a.k_norm, *sandwich,
+            gelu=mlp.act != "silu",
         )  # fmt: skip
 
     def forward(
