@@ -80,6 +80,25 @@ def test_rope_matches_torch_rotary():
     assert torch.equal(out[:, 12 * 64 :], qkv[:, 12 * 64 :]), "heads past num_heads untouched"
 
 
+def test_partial_rope_turns_the_first_dims_of_each_head():
+    """Phi-4's partial rotation: the tables' width sets the dims that turn (the first 48 of
+    each 64-dim head here, as FamilyRotary.apply turns them); the rest are untouched."""
+    from tokenmill.model.models.rope import FamilyRotary
+    from tokenmill.model.rotary import RotaryEmbedding, rope_inv_freq
+
+    full = RotaryEmbedding(48, 512, rope_inv_freq(48, 10000.0, None))
+    rope = FamilyRotary(full.cos, full.sin, 64)
+    qkv = torch.randn(9, 13 * 64)
+    positions = torch.tensor([0, 1, 2, 50, 100, 7, 511, 3, 3])
+    ref = rope.apply(positions, qkv[:, : 12 * 64].view(9, 12, 64))
+    out = qkv.clone()
+    ops.rope_neox_(out, 12, 64, positions, rope.cos, rope.sin)
+    heads = out[:, : 12 * 64].view(9, 12, 64)
+    assert torch.allclose(heads, ref, atol=1e-5)
+    assert torch.equal(heads[..., 48:], qkv[:, : 12 * 64].view(9, 12, 64)[..., 48:])
+    assert torch.equal(out[:, 12 * 64 :], qkv[:, 12 * 64 :])
+
+
 @pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("hd", [64, 128, 48])  # 48: the portable body
 def test_paged_attention_decode_matches_sdpa(window, hd):

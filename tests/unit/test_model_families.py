@@ -229,10 +229,11 @@ def test_fused_expert_tensors_load_per_expert(tmp_path, family):
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "phi3"])
 def test_families_decode_in_one_native_call(tmp_path, family, qtype, monkeypatch):
-    """Qwen3's layers (per-head q/k norms) and Gemma 3's (norms around each block, GELU,
-    sliding-window layers with their own RoPE base) run the one-call decoder on packed
+    """Qwen3's layers (per-head q/k norms), Gemma 3's (norms around each block, GELU,
+    sliding-window layers with their own RoPE base) and Phi-3's (LongRoPE, here with partial
+    rotation as Phi-4-mini's) run the one-call decoder on packed
     weights: the per-layer path's bits (its native norms, RoPE and activation), within the
     integer-dot bound of the float32 method on the same file, the same greedy tokens alone
     and batched."""

@@ -137,7 +137,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_silu_mul_rows": [p, i64, i64, p, i32],
         "tm_gelu_tanh_mul_rows": [p, i64, i64, p, i32],
         "tm_dequant_i32": [p, p, p, p, i64, i64, i32, p, i32],
-        "tm_rope_neox": [p, i64, i64, i64, i64, p, p, p, i32],
+        "tm_rope_neox": [p, i64, i64, i64, i64, i64, p, p, p, i32],
         "tm_block_bytes": [i32],
         "tm_block_values": [i32],
         "tm_dequant_matrix": [p, i32, i64, i64, p, i32],

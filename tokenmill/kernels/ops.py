@@ -122,12 +122,14 @@ def dequant_i32(
 def rope_neox_(
     x: torch.Tensor, num_heads: int, head_dim: int, positions: torch.Tensor, cos, sin
 ) -> None:
-    """In place on the first num_heads heads of each row of x ([T, row], row-contiguous)."""
+    """In place on the first num_heads heads of each row of x ([T, row], row-contiguous), on
+    each head's first 2 * cos.shape[1] dims (partial rotation: the rest as they are)."""
     t = x.shape[0]
-    assert x.stride(1) == 1
+    assert x.stride(1) == 1 and 2 * cos.shape[1] <= head_dim
     load_kernels().tm_rope_neox(
-        _p(x), t, x.stride(0), num_heads, head_dim, _p(positions), _p(cos), _p(sin), _threads()
-    )
+        _p(x), t, x.stride(0), num_heads, head_dim, 2 * cos.shape[1], _p(positions), _p(cos),
+        _p(sin), _threads(),
+    )  # fmt: skip
 
 
 KV_POOL_DTYPES = (torch.float32, torch.float16)  # the paged attention kernels' KV pools

@@ -8,7 +8,8 @@ in the same order, minus the ~15 torch and ctypes calls per layer that cost abou
 decode token on the embedded model. Any other step, model or method takes the per-layer path.
 Llama layers run it, and the families' layers of the same shape (models/decoder.py: Qwen2,
 Qwen3 with its per-head q/k norms, SmolLM3, Gemma 3 with its sandwich norms, GELU and
-alternating windows and RoPE bases...): a SiLU- or GELU-gated MLP, full-width NeoX RoPE.
+alternating windows and RoPE bases, Phi-3 / Phi-4 with LongRoPE and partial rotation...): a
+SiLU- or GELU-gated MLP, NeoX RoPE.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class DecodeLayer(ctypes.Structure):
         ("post_ff_norm", _ptr),
         ("cos", _ptr),  # the layer's RoPE tables
         ("sin", _ptr),
+        ("rotary_dim", _i64),
         ("window", _i64),
         ("scale", ctypes.c_float),
         ("gelu", ctypes.c_int32),
@@ -131,6 +133,7 @@ class FusedDecoder:
                 *(None if w is None else w.data_ptr() for w in norms),
                 layer.rope.cos.data_ptr(),
                 layer.rope.sin.data_ptr(),
+                2 * layer.rope.cos.shape[1],  # partial rotation: the first dims of a head
                 layer.window or 0,
                 layer.scale,
                 layer.gelu,

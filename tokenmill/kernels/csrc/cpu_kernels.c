@@ -184,10 +184,12 @@ void tm_dequant_i32(const int32_t* acc, const float* xs, const float* ws, const 
 }
 
 // In-place rotate-half RoPE on the first `nheads` heads of each row of x ([T, row_stride]
-// floats; heads of hd floats from the row start). cos/sin: [max_pos, hd/2].
+// floats; heads of hd floats from the row start), on each head's first rotary_dim dims (the
+// rest as they are). cos/sin: [max_pos, rotary_dim/2].
 void tm_rope_neox(float* x, int64_t T, int64_t row_stride, int64_t nheads, int64_t hd,
-                  const int64_t* positions, const float* cos_t, const float* sin_t, int nthreads) {
-    const int64_t half = hd / 2;
+                  int64_t rotary_dim, const int64_t* positions, const float* cos_t,
+                  const float* sin_t, int nthreads) {
+    const int64_t half = rotary_dim / 2;  // the first rotary_dim dims of a head turn (Phi-4)
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (T > 8)
     for (int64_t t = 0; t < T; ++t) {
         const float* c = cos_t + positions[t] * half;

@@ -1,6 +1,6 @@
 // A decode step's decoder layers in one call: for a batch of single-token rows, each
 // layer's RMSNorm -> qkv -> (per-head q/k RMSNorm: Qwen3, Gemma 3) -> RoPE (the layer's
-// tables) -> KV write -> paged attention (the layer's window) -> o (+ residual) ->
+// tables, partial: Phi-4) -> KV write -> paged attention (the layer's window) -> o (+ residual) ->
 // RMSNorm -> gate_up -> SiLU or GELU (tanh) * up -> down (+ residual); Gemma 3's sandwich
 // norms normalize each block's output before its residual add. Every projection on the
 // integer-dot GEMV (int_dot_kernels.c; the GEMM past 32 rows, which gives the same bits).
@@ -17,7 +17,8 @@
 
 void tm_rmsnorm(const float* x, const float* w, int64_t M, int64_t K, float eps, float* out, int nthreads);
 void tm_rope_neox(float* x, int64_t T, int64_t row_stride, int64_t nheads, int64_t hd,
-                  const int64_t* positions, const float* cos_t, const float* sin_t, int nthreads);
+                  int64_t rotary_dim, const int64_t* positions, const float* cos_t,
+                  const float* sin_t, int nthreads);
 void tm_paged_attention_decode(const float* q, const float* kv, int64_t num_blocks,
                                const int64_t* block_table, const int64_t* seq_lens, int64_t B,
                                int64_t nh, int64_t nkv, int64_t hd, int64_t bs, int64_t max_blocks,
@@ -36,9 +37,10 @@ typedef struct {  // the layout mirrors DecodeLayer in tokenmill/model/fused_dec
     const float* k_norm;
     const float* pre_ff_norm;   // sandwich norms (Gemma 3; NULL: none): the MLP's input norm
     const float* post_ff_norm;  // and its output's
-    const float* cos;  // the layer's RoPE tables [positions, head_dim / 2]
+    const float* cos;  // the layer's RoPE tables [positions, rotary_dim / 2]
     const float* sin;
-    int64_t window;  // sliding window (0: none)
+    int64_t rotary_dim;  // each head's first rotary_dim dims turn
+    int64_t window;      // sliding window (0: none)
     float scale;     // attention scale
     int32_t gelu;    // GELU (tanh) rather than SiLU gates the MLP
 } DecodeLayer;
@@ -154,8 +156,8 @@ void tm_decode_layers(const DecodeLayer* layers, int64_t n_layers, const DecodeD
                 tm_rmsnorm(row, L->q_norm, d->heads, hd, d->eps, row, 1);
                 tm_rmsnorm(row + q_size, L->k_norm, d->kv_heads, hd, d->eps, row + q_size, 1);
             }
-        tm_rope_neox(wide_out, M, qkv_rows, d->heads + d->kv_heads, hd, step->positions, L->cos,
-                     L->sin, nthreads);
+        tm_rope_neox(wide_out, M, qkv_rows, d->heads + d->kv_heads, hd, L->rotary_dim,
+                     step->positions, L->cos, L->sin, nthreads);
         const int64_t value_off = d->num_blocks * d->block_size * kv_size;
         for (int64_t m = 0; m < M; m++) {
             const float* row = wide_out + m * qkv_rows;

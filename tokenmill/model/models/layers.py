@@ -63,9 +63,9 @@ class SelfAttention:
         self.window = cfg.layer_window(layer)
         scalar = cfg.query_pre_attn_scalar
         self.scale = (scalar if scalar is not None else cfg.head_dim) ** -0.5
-        # the native method with full-width RoPE runs the native RoPE and head norms (the
+        # the native method runs the native RoPE (full or partial) and head norms (the
         # one-call decoder's, so the two paths give the same bits)
-        self.native_rope = method.native and getattr(rope, "rotary_dim", cfg.head_dim) == cfg.head_dim
+        self.native_rope = method.native
 
     def forward(
         self,
