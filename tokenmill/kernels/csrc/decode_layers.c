@@ -15,6 +15,10 @@
 #include "poly_exp.h"
 #include "projection.h"
 
+#ifndef ALWAYS_INLINE
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#endif
+
 void tm_rmsnorm(const float* x, const float* w, int64_t M, int64_t K, float eps, float* out, int nthreads);
 void tm_rope_neox(float* x, int64_t T, int64_t row_stride, int64_t nheads, int64_t hd,
                   int64_t rotary_dim, const int64_t* positions, const float* cos_t,
@@ -59,72 +63,62 @@ typedef struct {  // mirrors DecodeStep: one step's rows
     const int64_t* seq_lens;
 } DecodeStep;
 
-// out = silu(gate) * up for one row (gate_up: [gate | up], I each), exp as poly_expf: the
-// vector lanes and the scalar tail compute the same sequence of operations.
-void tm_silu_mul(const float* gate_up, int64_t I, float* out) {
-    const float* up = gate_up + I;
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= I; i += 16) {
-        const __m512 g = _mm512_loadu_ps(gate_up + i);
-        const __m512 e = poly_exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
-        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
-    }
-#elif defined(__AVX2__)
-    for (; i + 8 <= I; i += 8) {
-        const __m256 g = _mm256_loadu_ps(gate_up + i);
-        const __m256 e = poly_exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
-        const __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
-    }
-#endif
-    for (; i < I; i++) out[i] = gate_up[i] / (1.0f + poly_expf(-gate_up[i])) * up[i];
-}
-
-// tm_silu_mul on M rows (threads over rows): the per-layer native path's SiLU, so a row's
-// result is the one-call decoder's bit for bit.
-void tm_silu_mul_rows(const float* gate_up, int64_t M, int64_t I, float* out, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1)
-    for (int64_t m = 0; m < M; m++) tm_silu_mul(gate_up + m * 2 * I, I, out + m * I);
-}
-
-// out = gelu_tanh(gate) * up for one row: gelu_tanh(g) = 0.5 g (1 + tanh(u)) = g / (1 +
-// exp(-2u)), u = sqrt(2 / pi) (g + 0.044715 g^3) (no cancellation near 0), exp as poly_expf:
-// the vector lanes and the scalar tail compute the same sequence of operations.
+// out = act(gate) * up for one row (gate_up: [gate | up], I each), act(g) = g / (1 + exp(z)):
+// SiLU, z = -g; GELU (tanh), 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)), u = sqrt(2 / pi)
+// (g + 0.044715 g^3) (no cancellation near 0). exp as poly_expf: the vector lanes and the
+// scalar tail compute the same sequence of operations.
 #define GELU_C 0.044715f
 #define GELU_MINUS_2K -1.5957691216057308f  // -2 sqrt(2 / pi)
-void tm_gelu_tanh_mul(const float* gate_up, int64_t I, float* out) {
+ALWAYS_INLINE void gated_mul(const float* gate_up, int64_t I, float* out, int gelu) {
     const float* up = gate_up + I;
     int64_t i = 0;
 #if defined(__AVX512F__)
     for (; i + 16 <= I; i += 16) {
         const __m512 g = _mm512_loadu_ps(gate_up + i);
-        const __m512 inner = _mm512_fmadd_ps(_mm512_set1_ps(GELU_C), _mm512_mul_ps(_mm512_mul_ps(g, g), g), g);
-        const __m512 e = poly_exp512(_mm512_mul_ps(inner, _mm512_set1_ps(GELU_MINUS_2K)));
-        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        const __m512 z = gelu ? _mm512_mul_ps(_mm512_fmadd_ps(_mm512_set1_ps(GELU_C),
+                                                              _mm512_mul_ps(_mm512_mul_ps(g, g), g), g),
+                                              _mm512_set1_ps(GELU_MINUS_2K))
+                              : _mm512_sub_ps(_mm512_setzero_ps(), g);
+        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), poly_exp512(z)));
         _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
     }
 #elif defined(__AVX2__) && defined(__FMA__)
     for (; i + 8 <= I; i += 8) {
         const __m256 g = _mm256_loadu_ps(gate_up + i);
-        const __m256 inner = _mm256_fmadd_ps(_mm256_set1_ps(GELU_C), _mm256_mul_ps(_mm256_mul_ps(g, g), g), g);
-        const __m256 e = poly_exp256(_mm256_mul_ps(inner, _mm256_set1_ps(GELU_MINUS_2K)));
-        const __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        const __m256 z = gelu ? _mm256_mul_ps(_mm256_fmadd_ps(_mm256_set1_ps(GELU_C),
+                                                              _mm256_mul_ps(_mm256_mul_ps(g, g), g), g),
+                                              _mm256_set1_ps(GELU_MINUS_2K))
+                              : _mm256_sub_ps(_mm256_setzero_ps(), g);
+        const __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), poly_exp256(z)));
         _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
     }
 #endif
     for (; i < I; i++) {
         const float g = gate_up[i];
-        const float inner = fmaf(GELU_C, (g * g) * g, g);
-        out[i] = g / (1.0f + poly_expf(inner * GELU_MINUS_2K)) * up[i];
+        const float z = gelu ? fmaf(GELU_C, (g * g) * g, g) * GELU_MINUS_2K : -g;
+        out[i] = g / (1.0f + poly_expf(z)) * up[i];
     }
 }
 
-// tm_gelu_tanh_mul on M rows: the per-layer native path's GELU (tanh).
-void tm_gelu_tanh_mul_rows(const float* gate_up, int64_t M, int64_t I, float* out, int nthreads) {
+void tm_silu_mul(const float* gate_up, int64_t I, float* out) { gated_mul(gate_up, I, out, 0); }
+
+void tm_gelu_tanh_mul(const float* gate_up, int64_t I, float* out) { gated_mul(gate_up, I, out, 1); }
+
+// the per-layer native path's SiLU / GELU on M rows (threads over rows), so a row's result
+// is the one-call decoder's bit for bit
+static void gated_mul_rows(const float* gate_up, int64_t M, int64_t I, float* out, int gelu,
+                           int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1)
-    for (int64_t m = 0; m < M; m++) tm_gelu_tanh_mul(gate_up + m * 2 * I, I, out + m * I);
+    for (int64_t m = 0; m < M; m++)
+        (gelu ? tm_gelu_tanh_mul : tm_silu_mul)(gate_up + m * 2 * I, I, out + m * I);
+}
+
+void tm_silu_mul_rows(const float* gate_up, int64_t M, int64_t I, float* out, int nthreads) {
+    gated_mul_rows(gate_up, M, I, out, 0, nthreads);
+}
+
+void tm_gelu_tanh_mul_rows(const float* gate_up, int64_t M, int64_t I, float* out, int nthreads) {
+    gated_mul_rows(gate_up, M, I, out, 1, nthreads);
 }
 
 // y = rmsnorm(x) * w added to acc, M rows (the sandwich norms' "hidden + norm(block)").
