@@ -1,7 +1,7 @@
 """A float16 KV pool (--kv-cache-dtype float16) on the CPU: the conversions against torch's,
 the paged attention kernels over float16 against the same kernels over the pool widened to
-float32 (every build; only the summation order of the portable body may differ), the backend
-against torch's, and the engine against a float32 pool."""
+float32 (every build; only the summation order of the portable body may differ), and the
+engine against a float32 pool (the backend against torch's: test_prefill_attention.py)."""
 
 from __future__ import annotations
 
@@ -105,37 +105,6 @@ def test_prefill_over_float16_is_the_float32_kernel_on_the_widened_pool(lib, sha
     torch.testing.assert_close(half, wide, rtol=0, atol=1e-5)
     ref = reference(q, kv.float(), table, starts, lens, nkv, scale, window)
     assert torch.allclose(half, ref, atol=1e-5, rtol=0), (half - ref).abs().max()
-
-
-def test_backend_over_a_float16_pool_writes_and_reads_as_torch_does():
-    """CPUPagedBackend.forward on a float16 pool: the step's K/V rounded into the pool as
-    torch's backend rounds them; decodes and chunks (one after a cache hit) as torch's
-    backend computes them over the same pool."""
-    from tokenmill.model.attention import (
-        AttentionMetadata,
-        ChunkAttention,
-        CPUPagedBackend,
-        TorchSDPABackend,
-    )
-
-    nh, nkv, hd = 8, 2, 64
-    torch.manual_seed(0)
-    kv = torch.randn(2, 40, BS * nkv * hd).half()
-    decode_table = torch.stack([torch.arange(0, 5), torch.arange(5, 10)])
-    chunks, start = [], 2
-    slots = [torch.tensor(4 * BS + 5), torch.tensor(5 * BS + 2)]
-    for first, n, blocks in ((0, 40, torch.arange(10, 13)), (50, 20, torch.arange(13, 18))):
-        pos = torch.arange(first, first + n)
-        slots.extend(blocks[pos // BS] * BS + pos % BS)
-        chunks.append(ChunkAttention(start, n, first + n, blocks))
-        start += n
-    meta = AttentionMetadata(torch.stack(slots), 2, decode_table, torch.tensor([70, 3]), chunks)
-    q, k, v = torch.randn(start, nh, hd), torch.randn(start, nkv, hd), torch.randn(start, nkv, hd)
-    native_kv, torch_kv = kv.clone(), kv.clone()
-    native = CPUPagedBackend(nh, nkv, hd, BS, None).forward(q, k, v, native_kv, meta)
-    ref = TorchSDPABackend(nh, nkv, hd, BS, None).forward(q, k, v, torch_kv, meta)
-    assert torch.equal(native_kv, torch_kv)
-    assert torch.allclose(native, ref, atol=1e-5), (native - ref).abs().max()
 
 
 # ---------------------------------------------------------------- the engine

@@ -125,9 +125,11 @@ def test_a_row_is_the_same_whatever_chunk_it_comes_in(prefill, shape):
             assert torch.equal(parts, whole), (step, threads)
 
 
-def test_backend_runs_decodes_and_chunks_as_torch_does():
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16], ids=str)
+def test_backend_runs_decodes_and_chunks_as_torch_does(pool_dtype):
     """CPUPagedBackend.forward on a step with decode rows and prompt chunks (one after a cache
-    hit) writes the cache and gives torch's backend's output."""
+    hit) writes the cache (a float16 pool: rounded as torch rounds) and gives torch's
+    backend's output."""
     from tokenmill.model.attention import (
         AttentionMetadata,
         ChunkAttention,
@@ -137,7 +139,7 @@ def test_backend_runs_decodes_and_chunks_as_torch_does():
 
     nh, nkv, hd = 9, 3, 64
     torch.manual_seed(0)
-    kv = torch.randn(2, 40, BS * nkv * hd)
+    kv = torch.randn(2, 40, BS * nkv * hd).to(pool_dtype)
     decode_table = torch.stack([torch.arange(0, 5), torch.arange(5, 10)])
     decode_lens = torch.tensor([70, 3])
     chunks, start = [], 2
