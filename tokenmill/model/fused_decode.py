@@ -36,7 +36,7 @@ class FusedLayer:
     o: Any
     gate_up: Any
     down: Any
-    rope: Any  # RotaryEmbedding: cos / sin tables [positions, head_dim / 2]
+    rope: Any  # RotaryEmbedding: cos / sin tables [positions, rotary_dim / 2]
     scale: float  # attention scale
     window: int | None  # sliding window
     q_norm: torch.Tensor | None = None  # per-head RMSNorm weights (Qwen3)

@@ -50,12 +50,12 @@ class DecoderLayer:
 
     def fused_layer(self) -> FusedLayer | None:
         """The layer as the one-call decoder runs it: pre-norm attention (q/k norms per head
-        or none, full-width RoPE, no sinks or clipping; sandwich norms or not) and a SiLU- or
-        GELU-gated MLP; else None."""
+        or none, the native method's full or partial RoPE, no sinks or clipping; sandwich
+        norms or not) and a SiLU- or GELU-gated MLP; else None."""
         a, mlp = self.self_attn, self.mlp
         if (
             not isinstance(mlp, GatedMLP) or a.qk_norm not in (None, "head")
-            or a.sinks is not None or a.clip is not None or not a.native_rope
+            or a.sinks is not None or a.clip is not None or not self.method.native
         ):  # fmt: skip
             return None
         sandwich = (self.pre_ff_norm, self.post_ff_norm) if self.sandwich else (None, None)

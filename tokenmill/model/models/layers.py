@@ -63,9 +63,6 @@ class SelfAttention:
         self.window = cfg.layer_window(layer)
         scalar = cfg.query_pre_attn_scalar
         self.scale = (scalar if scalar is not None else cfg.head_dim) ** -0.5
-        # the native method runs the native RoPE (full or partial) and head norms (the
-        # one-call decoder's, so the two paths give the same bits)
-        self.native_rope = method.native
 
     def forward(
         self,
@@ -84,7 +81,9 @@ class SelfAttention:
         if self.qk_norm == "proj":  # OLMoE: one norm over all heads
             q, k = head_norm(q, self.q_norm, self.eps), head_norm(k, self.k_norm, self.eps)
         q, k = q.reshape(t, self.num_heads, hd), k.reshape(t, self.num_kv_heads, hd)
-        native = self.native_rope and q.dtype == torch.float32  # the one-call decoder's kernels
+        # the native method runs the one-call decoder's RoPE (full or partial) and head norms,
+        # so the two paths give the same bits
+        native = m.native and q.dtype == torch.float32
         if self.qk_norm == "head":
             norm = native_head_norm if native else head_norm
             q, k = norm(q, self.q_norm, self.eps), norm(k, self.k_norm, self.eps)
