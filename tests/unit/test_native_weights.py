@@ -278,7 +278,7 @@ def test_greedy_argmax_is_the_argmax_of_the_full_outputs(kernels, qtype, bits):
     """The high-byte estimate + exact candidates give the index of the largest output the
     full GEMV computes at the same activation bits, bit for bit: outlier blocks, near-ties
     that only the low planes tell apart, exact ties (duplicate weight rows: the first wins),
-    1 to 12 rows."""
+    1 to 70 rows."""
     gen = torch.Generator().manual_seed(7)
     cols = int_dot_cols(qtype, 192)
     w = packed(qtype, 256, cols, seed=3)
@@ -318,6 +318,10 @@ def test_greedy_argmax_is_the_argmax_of_the_full_outputs(kernels, qtype, bits):
     winners = tie.max(dim=1).indices
     assert torch.equal(int_dot_argmax(kernels, aimed, w, bits), winners)
     assert all(tie[i, 31] == tie[i, 57] == tie[i, 200] for i in range(12))
+    # past one block of rows (64 quantized together): each row's index is still its own
+    many = torch.cat([*xs, torch.randn(70 - 4 * 12, cols, generator=gen)])
+    full = int_dot(kernels, many, w, bits=bits).max(dim=1).indices
+    assert torch.equal(int_dot_argmax(kernels, many, w, bits), full)
     close = int_dot(kernels, near, w, bits=bits)
     if bits > 8:  # 8 bits cannot tell the two apart
         assert set(close.max(dim=1).indices.tolist()) == {99, 100}  # both win somewhere

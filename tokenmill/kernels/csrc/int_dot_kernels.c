@@ -773,7 +773,10 @@ void tm_int_dot_bound_table(const uint8_t* w, int qt, int64_t N, int64_t K, floa
 // sums (at most 6 per block, each <= 2^-24 of a partial sum, which is <= amax * total[g]).
 // Only the groups whose largest estimate could still reach the largest lower bound are
 // computed exactly (a few of the lm_head's 3,072). out[m] = -1 where the estimates are not
-// all finite (the caller computes that row in full).
+// all finite (the caller computes that row in full). Rows run in blocks of ARGMAX_ROWS
+// quantized together; a thread estimates each of its groups for the whole block, MAX_ROWS
+// rows at a time, so the weights stream from memory once a block.
+#define ARGMAX_ROWS 64
 void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
                        const float* bounds, int64_t* out, int bits, int nthreads) {
     const int64_t nb = K / QK, groups = N / GROUP;
@@ -782,63 +785,81 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
     const float rounding = (float)(12 * nb + 8) * 0x1p-24f * X_INT_MAX;
     const float* total = bounds + groups * nb;
     // per row and group: the largest lower and upper bound of its 16 outputs, and whether
-    // its estimates were all finite
-    float* lo = malloc(sizeof(float) * (size_t)(2 * MAX_ROWS * groups));
-    float* hi = lo + MAX_ROWS * groups;
-    int8_t* finite = malloc((size_t)(MAX_ROWS * groups));
-    for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS) {
-        const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
+    // its estimates were all finite; per block and row 32639 s_b (rows side by side)
+    float* lo = malloc(sizeof(float) * (size_t)(2 * ARGMAX_ROWS * groups + nb * ARGMAX_ROWS));
+    float* hi = lo + ARGMAX_ROWS * groups;
+    float* spread = hi + ARGMAX_ROWS * groups;
+    int8_t* finite = malloc((size_t)(ARGMAX_ROWS * groups));
+    for (int64_t b0 = 0; b0 < M; b0 += ARGMAX_ROWS) {
+        const int64_t rows = M - b0 < ARGMAX_ROWS ? M - b0 : ARGMAX_ROWS;
         void* buffer;
         IntRows q = int_dot_alloc_rows(rows, K, &buffer);
-        int_dot_quantize_rows(x + m0 * K, rows, K, &q, precision_of(bits), 1);
-        float smax[MAX_ROWS];
+        int_dot_quantize_rows(x + b0 * K, rows, K, &q, precision_of(bits), nthreads);
+        float smax[ARGMAX_ROWS];
         for (int64_t m = 0; m < rows; m++) {
             smax[m] = 0.0f;
-            for (int64_t b = 0; b < nb; b++) smax[m] = fmaxf(smax[m], q.scale[m * nb + b]);
+            for (int64_t b = 0; b < nb; b++) {
+                const float s = q.scale[m * nb + b];
+                smax[m] = s > smax[m] ? s : smax[m];
+                spread[b * ARGMAX_ROWS + m] = 32639.0f * s;
+            }
         }
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t g = 0; g < groups; g++) {
-            float part[MAX_ROWS][GROUP];
-            int_dot_group_fast_high(qt, w + g * group_bytes(qt, nb), nb, &q, rows, K, part);
+#pragma omp parallel num_threads(nthreads)
+        {
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < groups; g++)
+                for (int64_t m0 = 0; m0 < rows; m0 += MAX_ROWS) {
+                    const int64_t tile = rows - m0 < MAX_ROWS ? rows - m0 : MAX_ROWS;
+                    const IntRows tq = {q.planes + 3 * m0 * K, q.scale + m0 * nb, q.sum + m0 * nb,
+                                        q.psum + PSUMS * m0 * nb};
+                    float part[MAX_ROWS][GROUP], t[MAX_ROWS];
+                    int_dot_group_fast_high(qt, w + g * group_bytes(qt, nb), nb, &tq, tile, K, part);
+                    for (int64_t i = 0; i < tile; i++) t[i] = rounding * smax[m0 + i] * total[g];
+                    for (int64_t b = 0; b < nb; b++)  // each row's sum over b in order
+                        for (int64_t i = 0; i < tile; i++)
+                            t[i] += spread[b * ARGMAX_ROWS + m0 + i] * bounds[g * nb + b];
+                    for (int64_t i = 0; i < tile; i++) {
+                        const int64_t m = m0 + i;
+                        // zero: NaN unless every estimate is finite (then e is unused)
+                        float e = part[i][0], zero = t[i] - t[i];
+                        for (int r = 0; r < GROUP; r++) {
+                            e = part[i][r] > e ? part[i][r] : e;
+                            zero += part[i][r] - part[i][r];
+                        }
+                        lo[m * groups + g] = e - t[i];
+                        hi[m * groups + g] = e + t[i];
+                        finite[m * groups + g] = zero == 0.0f;
+                    }
+                }
+#pragma omp for schedule(dynamic, 1)
             for (int64_t m = 0; m < rows; m++) {
-                float t = rounding * smax[m] * total[g];
-                for (int64_t b = 0; b < nb; b++) t += 32639.0f * q.scale[m * nb + b] * bounds[g * nb + b];
-                float e = -INFINITY, zero = t - t;  // zero: NaN unless everything is finite
-                for (int r = 0; r < GROUP; r++) {
-                    e = fmaxf(e, part[m][r]);
-                    zero += part[m][r] - part[m][r];
+                float lower = -INFINITY;
+                int ok = 1;
+                for (int64_t g = 0; g < groups; g++) {
+                    const float l = lo[m * groups + g];
+                    lower = l > lower ? l : lower;
+                    ok &= finite[m * groups + g];
                 }
-                lo[m * groups + g] = e - t;
-                hi[m * groups + g] = e + t;
-                finite[m * groups + g] = zero == 0.0f;
-            }
-        }
-        for (int64_t m = 0; m < rows; m++) {
-            float lower = -INFINITY;
-            int ok = 1;
-            for (int64_t g = 0; g < groups; g++) {
-                lower = fmaxf(lower, lo[m * groups + g]);
-                ok &= finite[m * groups + g];
-            }
-            if (!ok) {
-                out[m0 + m] = -1;
-                continue;
-            }
-            // one activation row on its own (its rows of the planes, scales and sums)
-            IntRows one = {q.planes + 3 * m * K, q.scale + m * nb, q.sum + m * nb,
-                           q.psum + PSUMS * m * nb};
-            float best = -INFINITY;
-            int64_t best_n = -1;
-            for (int64_t g = 0; g < groups; g++) {
-                if (hi[m * groups + g] < lower) continue;  // no output of it can be the largest
-                float exact[MAX_ROWS][GROUP];
-                exact_group(qt, w + g * group_bytes(qt, nb), nb, &one, 1, K, exact);
-                for (int r = 0; r < GROUP; r++) {
-                    const float v = exact[0][r] + 0.0f;  // as tm_int_dot_linear stores it
-                    if (v > best || best_n < 0) best = v, best_n = g * GROUP + r;
+                if (!ok) {
+                    out[b0 + m] = -1;
+                    continue;
                 }
+                // one activation row on its own (its rows of the planes, scales and sums)
+                IntRows one = {q.planes + 3 * m * K, q.scale + m * nb, q.sum + m * nb,
+                               q.psum + PSUMS * m * nb};
+                float best = -INFINITY;
+                int64_t best_n = -1;
+                for (int64_t g = 0; g < groups; g++) {
+                    if (hi[m * groups + g] < lower) continue;  // no output of it can be the largest
+                    float exact[MAX_ROWS][GROUP];
+                    exact_group(qt, w + g * group_bytes(qt, nb), nb, &one, 1, K, exact);
+                    for (int r = 0; r < GROUP; r++) {
+                        const float v = exact[0][r] + 0.0f;  // as tm_int_dot_linear stores it
+                        if (v > best || best_n < 0) best = v, best_n = g * GROUP + r;
+                    }
+                }
+                out[b0 + m] = best_n;
             }
-            out[m0 + m] = best_n;
         }
         free(buffer);
     }
