@@ -185,8 +185,7 @@ void tm_decode_layers(const DecodeLayer* layers, int64_t n_layers, const DecodeD
             tm_rmsnorm(hidden, L->post_attn_norm, M, H, d->eps, normed, nthreads);
         }
         linear(&L->gate_up, normed, M, H, wide_out, 0, nthreads);
-        for (int64_t m = 0; m < M; m++)
-            (L->gelu ? tm_gelu_tanh_mul : tm_silu_mul)(wide_out + m * 2 * I, I, normed + m * I);
+        gated_mul_rows(wide_out, M, I, normed, L->gelu, nthreads);
         if (sandwich) {  // hidden + norm(down(...))
             linear(&L->down, normed, M, I, block, 0, nthreads);
             add_normed(hidden, block, L->post_ff_norm, M, H, d->eps, block + M * H, nthreads);

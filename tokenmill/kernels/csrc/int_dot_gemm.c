@@ -43,9 +43,11 @@
 // pointer plus a constant.
 #define CHUNK(P) (TILE_ROWS * QK * (P) + 5 * TILE_ROWS * 4)
 
-// Rows quantized in q with P leading planes, in tiles: ceil(M / TILE_ROWS) * nb chunks.
-static void pack_rows(const IntRows* q, int P, int64_t M, int64_t K, int8_t* out) {
+// Rows quantized in q with P leading planes, in tiles: ceil(M / TILE_ROWS) * nb chunks
+// (threads over rows).
+static void pack_rows(const IntRows* q, int P, int64_t M, int64_t K, int8_t* out, int nthreads) {
     const int64_t nb = K / QK;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M > TILE_ROWS)
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) {
             int8_t* c = out + ((m / TILE_ROWS) * nb + b) * CHUNK(P);
@@ -186,7 +188,7 @@ static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const ui
     int8_t* chunks = NULL;
     if (tiled) {
         chunks = malloc((size_t)((M + TILE_ROWS - 1) / TILE_ROWS * nb * CHUNK(P)));
-        pack_rows(&q, P, M, K, chunks);
+        pack_rows(&q, P, M, K, chunks, nthreads);
     }
 #pragma omp parallel num_threads(nthreads)
     for (int64_t b0 = 0; b0 < M; b0 += block) {
