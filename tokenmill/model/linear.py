@@ -139,14 +139,17 @@ def prepared(prefetch: WeightPrefetch | None, kind: str, weight: PackedWeight):
 # Up to this many rows the packed kernel dequantizes in registers (decode); above, chunks of
 # rows are dequantized for a BLAS GEMM (measured on 576 x 1536 and 49152 x 576 weights).
 PACKED_GEMV_MAX_ROWS = 8
-# Up to this many rows the integer-dot GEMV runs (8 rows per pass over the weights) where the
-# format has it, whatever the machine: a decode step of the embedded model (AVX-512 VNNI) with
-# 16 rows takes 60 ms on one thread (fp32 GEMM: 118), 39 on two (70); 32 rows 119 / 78
-# (161 / 93). Beyond it the integer-dot GEMM, up to where it was measured faster than the fp32
-# GEMM on this machine (row_kernels). Both round the activations to
+# Up to this many rows the integer-dot kernels run where the format has them, whatever the
+# machine: a decode step of the embedded model (AVX-512 VNNI) with 16 rows takes 60 ms on one
+# thread (fp32 GEMM: 118), 39 on two (70); 32 rows 119 / 78 (161 / 93). Beyond it they run up
+# to where they were measured faster than the fp32 GEMM on this machine (row_kernels).
+INT_DOT_MAX_ROWS = 32
+# Up to this many rows (one pass over the weights) the integer-dot GEMV, past them the GEMM,
+# which keeps each weight block in L1 across all rows: a layer of the embedded model at 9-32
+# rows runs 3-12% faster on it (2 threads, Zen 5). Both round the activations to
 # KernelConfig.int_dot_activation_bits (24; 16: two thirds of the dot products, 8: a third)
 # and give a row the same bits, so a row's result never depends on the other rows of its step.
-INT_DOT_MAX_ROWS = 32
+INT_DOT_GEMV_MAX_ROWS = 8
 # fp32 bytes dequantized at a time for the GEMM path (stays in L2/L3, never a full copy)
 _DEQUANT_CHUNK_BYTES = 4 << 20
 
@@ -216,10 +219,10 @@ class PackedLinear:
 
     def int_dot_rows(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The integer-dot kernels on x's rows (the layer has them: self.int_dot): the GEMV
-        up to INT_DOT_MAX_ROWS rows, the GEMM past them (the same bits for a row)."""
+        up to INT_DOT_GEMV_MAX_ROWS rows, the GEMM past them (the same bits for a row)."""
         x = x.contiguous()
         bits = self.activation_bits
-        if x.shape[0] <= INT_DOT_MAX_ROWS:
+        if x.shape[0] <= INT_DOT_GEMV_MAX_ROWS:
             return ops.int_dot_linear(x, self.int_dot, self.weight, self.bias, residual, bits)
         return ops.int_dot_gemm(x, self.int_dot, self.weight, self.bias, residual, bits)
 

@@ -1,7 +1,7 @@
 """Up to how many rows a step's packed layers run the integer-dot kernels rather than a float32
 GEMM on the dequantized weight: measured on this machine, once.
 
-Up to 32 rows (linear.INT_DOT_MAX_ROWS) the integer-dot GEMV runs, whatever the machine; past
+Up to 32 rows (linear.INT_DOT_MAX_ROWS) the integer-dot kernels run, whatever the machine; past
 them the integer-dot GEMM (8- or 24-bit activations, KernelConfig.int_dot_activation_bits), and it
 is timed here against the fp32 GEMM. Which one wins past a few dozen rows depends on the CPU:
 the integer-dot kernels' cost per row is flat (bound by `vpdpbusd`), the fp32 GEMM's falls as

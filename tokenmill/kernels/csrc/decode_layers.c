@@ -3,7 +3,7 @@
 // tables, partial: Phi-4) -> KV write -> paged attention (the layer's window) -> o (+ residual) ->
 // RMSNorm -> gate_up -> SiLU or GELU (tanh) * up -> down (+ residual); Gemma 3's sandwich
 // norms normalize each block's output before its residual add. Every projection on the
-// integer-dot GEMV (int_dot_kernels.c; the GEMM past 32 rows, which gives the same bits).
+// integer-dot GEMV (int_dot_kernels.c; the GEMM past 8 rows, which gives the same bits).
 // The same kernels the per-layer Python path calls, in the same order, without ~15
 // torch/ctypes calls per layer (about a third of a decode token).
 #include <math.h>

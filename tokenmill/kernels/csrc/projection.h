@@ -8,7 +8,7 @@ void tm_int_dot_linear(const float* x, int64_t M, int64_t K, const uint8_t* w, i
 void tm_int_dot_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int qt, int64_t N,
                      const float* bias, float* y, int accumulate, int bits, int nthreads);
 
-#define GEMV_MAX_ROWS 32  // more rows run the GEMM (linear.py's INT_DOT_MAX_ROWS; same bits)
+#define GEMV_MAX_ROWS 8  // more rows run the GEMM (linear.py's INT_DOT_GEMV_MAX_ROWS; same bits)
 
 typedef struct {  // mirrors Projection in tokenmill/model/fused_decode.py
     const uint8_t* weight;
