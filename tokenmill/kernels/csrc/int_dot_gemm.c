@@ -172,6 +172,18 @@ static void tile(int qt, int P, const uint8_t* gw, int64_t nb, const IntRows* q,
 
 typedef enum { RUN_FAST, RUN_REFERENCE } Run;
 
+static const float zeros[GROUP];  // the bias where there is none
+
+// y = out + bias (+ y when accumulating): the GEMV's operations (out + 0.0f without a bias),
+// one vector a row.
+static inline void store_group(const float* restrict out, const float* restrict bias,
+                               int accumulate, float* restrict y) {
+    if (accumulate)
+        for (int r = 0; r < GROUP; r++) y[r] += out[r] + bias[r];
+    else
+        for (int r = 0; r < GROUP; r++) y[r] = out[r] + bias[r];
+}
+
 static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const uint8_t* w, int qt,
                          int64_t N, const float* bias, float* y, int accumulate, int bits,
                          int nthreads) {
@@ -208,13 +220,9 @@ static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const ui
                     int_dot_group_fast(qt, gw, nb, &rows_q, rows, K, out);
                 else
                     int_dot_group_c(qt, gw, nb, &rows_q, rows, K, out);
-                for (int64_t m = 0; m < rows; m++) {
-                    float* yr = y + (m0 + m) * N + g * GROUP;
-                    for (int r = 0; r < GROUP; r++) {
-                        const float v = out[m][r] + (bias ? bias[g * GROUP + r] : 0.0f);
-                        yr[r] = accumulate ? yr[r] + v : v;
-                    }
-                }
+                for (int64_t m = 0; m < rows; m++)
+                    store_group(out[m], bias ? bias + g * GROUP : zeros, accumulate,
+                                y + (m0 + m) * N + g * GROUP);
             }
         }
     }
