@@ -122,9 +122,12 @@ typedef void (*GroupFn)(int qt, const uint8_t* gw, int64_t nb, const IntRows* q,
                         int64_t K, float out[][GROUP]);
 
 // Rows of x quantized at precision pr (threads over rows); planes of IntRows from
-// int_dot_alloc_rows (free the buffer it returns).
+// int_dot_alloc_rows (free the buffer it returns). psums: the planes' sums are computed
+// (the formats that read them: needs_psums), else zero.
 void int_dot_quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q, Precision pr,
-                           int nthreads);
+                           int psums, int nthreads);
+// Q8_0's offset and Q6_K's halves correct the dot products by the planes' sums.
+static inline int needs_psums(int qt) { return qt == QT_Q8_0 || qt == QT_Q6_K; }
 IntRows int_dot_alloc_rows(int64_t M, int64_t K, void** buffer);
 // y[m, r] = row m . weight row r of one 16-row group (M <= MAX_ROWS): the plain C body (all
 // three planes), this build's fastest, and its high plane only.

@@ -196,7 +196,7 @@ static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const ui
     const int64_t block = tile_rows * (K <= 2048 ? ROW_TILES : ROW_TILES / 4);
     void* buffer;
     IntRows q = int_dot_alloc_rows(M, K, &buffer);
-    int_dot_quantize_rows(x, M, K, &q, precision_of(bits), nthreads);
+    int_dot_quantize_rows(x, M, K, &q, precision_of(bits), needs_psums(qt), nthreads);
     int8_t* chunks = NULL;
     if (tiled) {
         chunks = malloc((size_t)((M + TILE_ROWS - 1) / TILE_ROWS * nb * CHUNK(P)));

@@ -168,7 +168,7 @@ void tm_int_dot_repack(const uint8_t* w, int qt, int64_t N, int64_t K, uint8_t* 
 // bit (max skips NaN as the scalar comparison does, and the block's sums are exact integers).
 // AVX-512: 16 lanes at a time.
 static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
-                           float* sum, int32_t* psum, Precision pr) {
+                           float* sum, int32_t* psum, Precision pr, int psums) {
     const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
     // max(a, b) returns b when a is NaN: NaN skipped
     const __m512 zero = _mm512_setzero_ps();
@@ -183,7 +183,7 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
     const __m128i shift = _mm_cvtsi32_si128(pr.shift);
     __m512i sh = _mm512_setzero_si512(), sm = sh, sl = sh, sv = sh;
     for (int half = 0; half < 2; half++) {
-        if (half) {  // the first 16 values' plane sums
+        if (half && psums) {  // the first 16 values' plane sums
             psum[3] = _mm512_reduce_add_epi32(sh);
             psum[4] = _mm512_reduce_add_epi32(sm);
             psum[5] = _mm512_reduce_add_epi32(sl);
@@ -203,6 +203,10 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
         sv = _mm512_add_epi32(sv, v);
     }
     *sum = *scale * (float)_mm512_reduce_add_epi32(sv);  // |total| <= 32 * 8355711 < 2^31
+    if (!psums) {
+        memset(psum, 0, PSUMS * sizeof(int32_t));
+        return;
+    }
     psum[0] = _mm512_reduce_add_epi32(sh);
     psum[1] = _mm512_reduce_add_epi32(sm);
     psum[2] = _mm512_reduce_add_epi32(sl);
@@ -224,7 +228,7 @@ static inline void store_bytes(int8_t* out, const __m256i v[4]) {
 
 // AVX2: 8 lanes at a time.
 static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
-                           float* sum, int32_t* psum, Precision pr) {
+                           float* sum, int32_t* psum, Precision pr, int psums) {
     const __m256 zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
     __m256 x[4], amax8 = zero;
     int bad = 0;
@@ -254,6 +258,10 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
     }
     store_bytes(hi, h), store_bytes(mid, md), store_bytes(lo, l);
     *sum = *scale * (float)hsum8_epi32(sv);
+    if (!psums) {
+        memset(psum, 0, PSUMS * sizeof(int32_t));
+        return;
+    }
     psum[0] = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(h[0], h[1]), _mm256_add_epi32(h[2], h[3])));
     psum[1] = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(md[0], md[1]), _mm256_add_epi32(md[2], md[3])));
     psum[2] = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(l[0], l[1]), _mm256_add_epi32(l[2], l[3])));
@@ -264,7 +272,7 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
 #else
 // Plain C.
 static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
-                           float* sum, int32_t* psum, Precision pr) {
+                           float* sum, int32_t* psum, Precision pr, int psums) {
     float amax = 0.0f, nonfinite = 0.0f;  // NaN when the block holds inf or NaN
     for (int j = 0; j < QK; j++) {  // fmaxf's result (NaN skipped), but inlined
         const float a = fabsf(xb[j]);
@@ -296,19 +304,20 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
     }
     *scale = s;
     *sum = s * (float)total;
+    if (!psums) memset(sums, 0, sizeof sums);
     memcpy(psum, sums, sizeof sums);
 }
 #endif
 
 void int_dot_quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q, Precision pr,
-                           int nthreads) {
+                           int psums, int nthreads) {
     const int64_t nb = K / QK;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > 1)
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) {
             int8_t* hi = q->planes + 3 * m * K + b * QK;
             quantize_block(x + m * K + b * QK, hi, hi + K, hi + 2 * K, q->scale + m * nb + b,
-                           q->sum + m * nb + b, q->psum + PSUMS * (m * nb + b), pr);
+                           q->sum + m * nb + b, q->psum + PSUMS * (m * nb + b), pr, psums);
         }
 }
 
@@ -695,7 +704,7 @@ static void int_dot_rows(GroupFn group, const float* x, int64_t M, int64_t K, co
         const int64_t rows = M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS;
         void* buffer;
         IntRows q = int_dot_alloc_rows(rows, K, &buffer);
-        int_dot_quantize_rows(x + m0 * K, rows, K, &q, precision_of(bits), 1);
+        int_dot_quantize_rows(x + m0 * K, rows, K, &q, precision_of(bits), needs_psums(qt), 1);
         float* yb = y + m0 * N;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t g = 0; g < N / GROUP; g++) {
@@ -794,7 +803,8 @@ void tm_int_dot_argmax(const float* x, int64_t M, int64_t K, const uint8_t* w, i
         const int64_t rows = M - b0 < ARGMAX_ROWS ? M - b0 : ARGMAX_ROWS;
         void* buffer;
         IntRows q = int_dot_alloc_rows(rows, K, &buffer);
-        int_dot_quantize_rows(x + b0 * K, rows, K, &q, precision_of(bits), nthreads);
+        int_dot_quantize_rows(x + b0 * K, rows, K, &q, precision_of(bits), needs_psums(qt),
+                              nthreads);
         float smax[ARGMAX_ROWS];
         for (int64_t m = 0; m < rows; m++) {
             smax[m] = 0.0f;
