@@ -11,7 +11,7 @@ same run.
 Systems
     tokenmill native    LLM() with its defaults (weights="native"): the Q4_1 file's weights kept
                         packed, integer-dot kernels (decode rows: 24-bit activations; prefill and
-                        steps past 32 rows: the GEMM at 24 bits, its default)
+                        steps past 8 rows: the GEMM at 24 bits, its default)
     tokenmill native a8 the same with the GEMM's activations at 8 bits (int8 per 32 values, as
                         llama.cpp's; LLM(int_dot_activation_bits=8))
     tokenmill native kv16   the defaults with a float16 KV cache (LLM(kv_cache_dtype="float16"))
