@@ -89,18 +89,20 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(lib, bits):
         assert torch.equal(gemm(lib, x[r : r + 5].contiguous(), w, bits)[0], together[r])
 
 
-def test_bias_residual_and_non_finite_rows(lib):
+@pytest.mark.parametrize("bits", [8, 16, 24])
+def test_bias_residual_and_non_finite_rows(lib, bits):
     w = packed("Q8_0", 32, 64)
     x = rows(14, 64)
     x[3, 5], x[7, 40] = float("nan"), float("inf")
-    plain = gemm(lib, x, w, 8)
+    plain = gemm(lib, x, w, bits)
     assert plain[3].isnan().all() and plain[7].isnan().all()
     finite = [r for r in range(14) if r not in (3, 7)]
     assert plain[finite].isfinite().all()
     bias, residual = torch.randn(32), torch.randn(14, 32)
-    with_bias = gemm(lib, x, w, 8, bias=bias)
+    with_bias = gemm(lib, x, w, bits, bias=bias)
     assert torch.equal(with_bias[finite], (plain + bias)[finite])
-    added = gemm(lib, x, w, 8, out=residual.clone())
+    assert torch.equal(with_bias[finite], int_dot(lib, x, w, bias=bias, bits=bits)[finite])
+    added = gemm(lib, x, w, bits, out=residual.clone())
     assert torch.equal(added[finite], (residual + plain)[finite])
     assert with_bias[[3, 7]].isnan().all() and added[[3, 7]].isnan().all()
 
