@@ -1,6 +1,7 @@
 """The integer-dot kernels on one layer of the embedded model's shapes, in one run: the decode
 GEMV and the GEMM at 24, 16 and 8 bits (activations), next to torch's fp32 GEMM on the
-same weight dequantized (the float path they replace), at a few row counts.
+same weight dequantized (the float path they replace), at a few row counts; then the
+lm_head's greedy readout (the argmax kernel) next to computing every logit.
 
     .venv/bin/python benchmarks/int_dot_gemm.py [--threads N] [--rows 64,512]
 
@@ -24,6 +25,7 @@ from tests.unit.test_native_weights import packed  # noqa: E402
 from tokenmill.kernels import ops  # noqa: E402
 
 SHAPES = (("Q4_1", 3072, 576), ("Q4_1", 576, 1536), ("Q8_0", 3072, 576))  # gate/up, down
+LM_HEAD = ("Q8_0", 49152, 576)  # the embedded model's (tied embeddings)
 
 
 def best_ms(fn, reps: int) -> float:
@@ -72,9 +74,28 @@ def main(argv: list[str] | None = None) -> int:
                 for name, ms in times.items():
                     gops = 2 * m * n * k / ms / 1e6
                     print(
-                        f"| {qt} {n}x{k} | {m} | {name} | {ms:.2f} | {gops:.0f} | {base / ms:.2f}x |"
+                        f"| {qt} {n}x{k} | {m} | {name} | {ms:.3f} | {gops:.0f} | {base / ms:.2f}x |"
                     )
+        greedy_readout(args)
     return 0
+
+
+def greedy_readout(args: argparse.Namespace) -> None:
+    """The lm_head's greedy readout (ops.int_dot_argmax: high-plane estimates, exact where a
+    group could win) next to computing every logit with the integer-dot kernels."""
+    qt, n, k = LM_HEAD
+    w = packed(qt, n, k)
+    repacked = ops.int_dot_repack(w)
+    bounds = ops.int_dot_bound_table(repacked, w)
+    print(f"\nlm_head {qt} {n}x{k}, 24-bit activations: every logit vs the greedy readout (ms)")
+    print("| rows | GEMV | GEMM | argmax |")
+    print("| ---: | ---: | ---: | ---: |")
+    for m in (int(r) for r in args.rows.split(",")):
+        x = torch.randn(m, k)
+        gemv = best_ms(lambda x=x: ops.int_dot_linear(x, repacked, w, None), args.reps)
+        gemm = best_ms(lambda x=x: ops.int_dot_gemm(x, repacked, w, None), args.reps)
+        top = best_ms(lambda x=x: ops.int_dot_argmax(x, repacked, w, bounds), args.reps)
+        print(f"| {m} | {gemv:.2f} | {gemm:.2f} | {top:.2f} |")
 
 
 if __name__ == "__main__":

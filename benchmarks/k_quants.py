@@ -120,7 +120,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = make_model(args.layers, Path(tmp))
         rows = {
-            "tokenmill native (integer-dot on Q4_K, Q6_K)": tokenmill_speed(path, args.threads, True),
+            "tokenmill native (integer-dot on Q4_K, Q6_K)": tokenmill_speed(
+                path, args.threads, True
+            ),
             "tokenmill native, --no-int-dot (fp32 GEMV/GEMM)": tokenmill_speed(
                 path, args.threads, False
             ),
