@@ -71,6 +71,25 @@ ALWAYS_INLINE __m512 sum16(__m512 v[16]) {
                          _mm512_permutex2var_ps(v[0], hi4, v[1]));
 }
 
+// The next position whose key and value attend_chunk_avx512 fetches to L2.
+typedef struct {
+    int64_t t, blk, off, to_value;  // position, its block-table entry and offset; key to value
+    int lines;                      // cache lines of a head's key (and of its value)
+} Fetch;
+#define FETCH_TILES 4  // how far ahead of the scores, in 16-key tiles
+
+ALWAYS_INLINE void fetch_next(const HeadKeys* a, Fetch* f) {
+    const char* k = (const char*)(a->keys + (a->bt[f->blk] * a->bs + f->off) * a->rec + a->head_off);
+    const char* v = (const char*)(a->keys + f->to_value + (a->bt[f->blk] * a->bs + f->off) * a->rec +
+                                  a->head_off);
+    for (int l = 0; l < f->lines; l++) {
+        _mm_prefetch(k + 64 * l, _MM_HINT_T1);
+        _mm_prefetch(v + 64 * l, _MM_HINT_T1);
+    }
+    if (++f->off == a->bs) f->off = 0, f->blk++;
+    f->t++;
+}
+
 static inline __mmask16 first_lanes(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
 }
@@ -86,18 +105,11 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
     const int64_t cap = c1 - c0;
     const __m512 scale = _mm512_set1_ps(a->scale);
     const int64_t to_value = a->values - a->keys;  // a key's record to its value's
-    {  // the chunk's keys and values to L2 at once: its records are scattered over blocks,
-       // past the hardware prefetcher, and L2 keeps many more misses in flight than L1
-        int64_t blk = c0 / a->bs, off = c0 % a->bs;
-        for (int64_t t = c0; t < c1; t++) {
-            const kv_t* k = a->keys + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
-            if (++off == a->bs) off = 0, blk++;
-            for (int64_t b = 0; b < HD * (int64_t)sizeof(kv_t); b += 64) {
-                _mm_prefetch((const char*)k + b, _MM_HINT_T1);
-                _mm_prefetch((const char*)(k + to_value) + b, _MM_HINT_T1);
-            }
-        }
-    }
+    // Keys and values reach L2 FETCH_TILES tiles ahead of the scores, their prefetches spread
+    // over a query's key loop (a burst would stall on the miss buffers while nothing
+    // computes), so reading the scattered records overlaps the arithmetic.
+    Fetch f = {c0, c0 / a->bs, c0 % a->bs, to_value, HD * (int)sizeof(kv_t) / 64};
+    while (f.t < c0 + 16 * FETCH_TILES && f.t < c1) fetch_next(a, &f);
     const kv_t* kp[16];
     key_tile(a, c0, c1 - c0 < 16 ? c1 - c0 : 16, 16, kp);
     for (int64_t t0 = c0; t0 < c1; t0 += 16) {
@@ -108,18 +120,21 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
                 for (int64_t b = 0; b < HD * (int64_t)sizeof(kv_t); b += 64)
                     _mm_prefetch((const char*)next[k] + b, _MM_HINT_T0);
         }
+        int fetching = 1;  // the first query that reads the tile fetches a tile further on
         for (int64_t j = 0; j < n; j++) {
             const int64_t visible = vis[j] - t0;  // of this tile's keys
             if (visible <= 0) continue;
             __m512 qv[8], acc[16];
             for (int c = 0; c < V; c++) qv[c] = _mm512_loadu_ps(q[j] + 16 * c);
             for (int k = 0; k < 16; k++) {
+                if (fetching && f.t < c1) fetch_next(a, &f);
                 acc[k] = _mm512_mul_ps(qv[0], KV_LOAD16(kp[k]));
                 for (int c = 1; c < V; c++)
                     acc[k] = _mm512_fmadd_ps(qv[c], KV_LOAD16(kp[k] + 16 * c), acc[k]);
             }
             _mm512_mask_storeu_ps(scores + j * cap + (t0 - c0), first_lanes(visible),
                                   _mm512_mul_ps(sum16(acc), scale));
+            fetching = 0;
         }
         if (t0 + 16 < c1) memcpy(kp, next, sizeof kp);
     }
