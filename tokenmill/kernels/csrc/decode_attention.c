@@ -71,21 +71,23 @@ ALWAYS_INLINE __m512 sum16(__m512 v[16]) {
                          _mm512_permutex2var_ps(v[0], hi4, v[1]));
 }
 
-// The next position whose key and value attend_chunk_avx512 fetches to L2.
+// The next record attend_chunk_avx512 fetches to L2: the chunk's keys, then its values.
 typedef struct {
-    int64_t t, blk, off, to_value;  // position, its block-table entry and offset; key to value
-    int lines;                      // cache lines of a head's key (and of its value)
+    int64_t t, c0, c1, blk, off;  // position, the chunk, its block-table entry and offset
+    int64_t to_value;             // a key's record to its value's
+    int lines;                    // cache lines of a head's key (or value)
+    int values;                   // fetching the values now
 } Fetch;
 #define FETCH_TILES 4  // how far ahead of the scores, in 16-key tiles
 
 ALWAYS_INLINE void fetch_next(const HeadKeys* a, Fetch* f) {
-    const char* k = (const char*)(a->keys + (a->bt[f->blk] * a->bs + f->off) * a->rec + a->head_off);
-    const char* v = (const char*)(a->keys + f->to_value + (a->bt[f->blk] * a->bs + f->off) * a->rec +
-                                  a->head_off);
-    for (int l = 0; l < f->lines; l++) {
-        _mm_prefetch(k + 64 * l, _MM_HINT_T1);
-        _mm_prefetch(v + 64 * l, _MM_HINT_T1);
+    if (f->t == f->c1) {
+        if (f->values) return;
+        f->values = 1, f->t = f->c0, f->blk = f->c0 / a->bs, f->off = f->c0 % a->bs;
     }
+    const char* r = (const char*)(a->keys + (f->values ? f->to_value : 0) +
+                                  (a->bt[f->blk] * a->bs + f->off) * a->rec + a->head_off);
+    for (int l = 0; l < f->lines; l++) _mm_prefetch(r + 64 * l, _MM_HINT_T1);
     if (++f->off == a->bs) f->off = 0, f->blk++;
     f->t++;
 }
@@ -108,7 +110,7 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
     // Keys and values reach L2 FETCH_TILES tiles ahead of the scores, their prefetches spread
     // over a query's key loop (a burst would stall on the miss buffers while nothing
     // computes), so reading the scattered records overlaps the arithmetic.
-    Fetch f = {c0, c0 / a->bs, c0 % a->bs, to_value, HD * (int)sizeof(kv_t) / 64};
+    Fetch f = {c0, c0, c1, c0 / a->bs, c0 % a->bs, to_value, HD * (int)sizeof(kv_t) / 64, 0};
     while (f.t < c0 + 16 * FETCH_TILES && f.t < c1) fetch_next(a, &f);
     const kv_t* kp[16];
     key_tile(a, c0, c1 - c0 < 16 ? c1 - c0 : 16, 16, kp);
@@ -127,7 +129,7 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
             __m512 qv[8], acc[16];
             for (int c = 0; c < V; c++) qv[c] = _mm512_loadu_ps(q[j] + 16 * c);
             for (int k = 0; k < 16; k++) {
-                if (fetching && f.t < c1) fetch_next(a, &f);
+                if (fetching) fetch_next(a, &f);
                 acc[k] = _mm512_mul_ps(qv[0], KV_LOAD16(kp[k]));
                 for (int c = 1; c < V; c++)
                     acc[k] = _mm512_fmadd_ps(qv[c], KV_LOAD16(kp[k] + 16 * c), acc[k]);
@@ -171,6 +173,7 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
         for (int64_t t = c0; t < last; t++) {
             const kv_t* vh = a->values + (a->bt[blk] * a->bs + off) * a->rec + a->head_off;
             if (++off == a->bs) off = 0, blk++;
+            fetch_next(a, &f);
             __m512 v[8];
             for (int c = 0; c < V; c++) v[c] = KV_LOAD16(vh + 16 * c);
             for (int64_t j = 0; j < m; j++) {
