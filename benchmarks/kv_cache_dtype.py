@@ -1,6 +1,7 @@
 """The KV cache's dtype (--kv-cache-dtype): what a float16 pool saves and what it moves.
 
     .venv/bin/python benchmarks/kv_cache_dtype.py [--sequences 64] [--tokens 1024] [--threads N]
+        [--attention-only]
 
 On the embedded model (SmolLM2-135M-Instruct: 30 layers, 3 KV heads of 64), in one run:
 
@@ -124,14 +125,16 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--attention-only", action="store_true", help="skip the fidelity table")
     results_file.add_arguments(ap)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     with results_file.capture("kv-cache-dtype", args):
         print(attention_table(args.sequences))
-        print()
-        print(fidelity_table(args.tokens))
+        if not args.attention_only:
+            print()
+            print(fidelity_table(args.tokens))
 
 
 if __name__ == "__main__":
