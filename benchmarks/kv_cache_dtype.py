@@ -1,7 +1,7 @@
 """The KV cache's dtype (--kv-cache-dtype): what a float16 pool saves and what it moves.
 
     .venv/bin/python benchmarks/kv_cache_dtype.py [--sequences 64] [--tokens 1024] [--threads N]
-        [--attention-only]
+        [--attention-only] [--march MARCH]
 
 On the embedded model (SmolLM2-135M-Instruct: 30 layers, 3 KV heads of 64), in one run:
 
@@ -43,9 +43,9 @@ def read_bandwidth() -> float:
     return x.numel() * 4 / best / 1e9
 
 
-def decode_step_ms(sequences: int, keys: int, dtype: torch.dtype) -> float:
+def decode_step_ms(sequences: int, keys: int, dtype: torch.dtype, march: str | None) -> float:
     """One decode step's attention over every layer (a pool and block tables per layer), best
-    of 5 after warm-up."""
+    of 5 after warm-up; march: the kernels built for that -march instead of this CPU's."""
     from tokenmill.kernels import ops
 
     blocks = -(-keys // BLOCK)
@@ -57,9 +57,13 @@ def decode_step_ms(sequences: int, keys: int, dtype: torch.dtype) -> float:
     q = torch.randn(sequences, HEADS, HEAD_DIM, generator=g)
     lens = torch.full((sequences,), keys, dtype=torch.int64)
 
+    attend = ops.paged_attention_decode
+    if march is not None:
+        attend = build_attention(march)
+
     def step() -> None:
         for pool, table in zip(pools, tables, strict=True):
-            ops.paged_attention_decode(q, pool, table, lens, KV_HEADS, BLOCK, HEAD_DIM**-0.5, None)
+            attend(q, pool, table, lens, KV_HEADS, BLOCK, HEAD_DIM**-0.5, None)
 
     step()
     best = float("inf")
@@ -70,12 +74,34 @@ def decode_step_ms(sequences: int, keys: int, dtype: torch.dtype) -> float:
     return best * 1e3
 
 
-def attention_table(sequences: int) -> str:
+def build_attention(march: str):
+    """ops.paged_attention_decode's call on the kernels built for -march=`march`."""
+    from tokenmill.kernels.build import build_kernels
+
+    lib = build_kernels(march)
+    if lib is None:
+        raise SystemExit("no C compiler")
+
+    def attend(q, pool, table, lens, kv_heads, block, scale, window):
+        out = torch.empty_like(q)
+        fn = lib.tm_paged_attention_decode_f16 if pool.dtype == torch.float16 else None
+        (fn or lib.tm_paged_attention_decode)(
+            q.data_ptr(), pool.data_ptr(), pool.shape[1], table.data_ptr(), lens.data_ptr(),
+            q.shape[0], q.shape[1], kv_heads, q.shape[2], block, table.shape[1], scale,
+            window or 0, out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    return attend
+
+
+def attention_table(sequences: int, march: str | None) -> str:
     bandwidth = read_bandwidth()
+    build = f"-march={march} build" if march else "this CPU's build"
     lines = [
-        f"Decode attention, {sequences} sequences x {LAYERS} layers ({HEADS} query heads, "
-        f"{KV_HEADS} KV heads of {HEAD_DIM}); read bandwidth {bandwidth:.1f} GB/s (torch.sum "
-        "over 1 GiB float32)",
+        f"Decode attention ({build}), {sequences} sequences x {LAYERS} layers ({HEADS} query "
+        f"heads, {KV_HEADS} KV heads of {HEAD_DIM}); read bandwidth {bandwidth:.1f} GB/s "
+        "(torch.sum over 1 GiB float32)",
         "",
         "| keys a sequence | float32 pool ms | GB/s | float16 pool ms | GB/s | float16 speed-up |",
         "| ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -84,7 +110,7 @@ def attention_table(sequences: int) -> str:
         row = [str(keys)]
         times = []
         for dtype in (torch.float32, torch.float16):
-            ms = decode_step_ms(sequences, keys, dtype)
+            ms = decode_step_ms(sequences, keys, dtype, march)
             pool_bytes = 2 * sequences * keys * KV_HEADS * HEAD_DIM * dtype.itemsize * LAYERS
             times.append(ms)
             row += [f"{ms:.1f}", f"{pool_bytes / ms / 1e6:.1f}"]
@@ -126,12 +152,17 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--attention-only", action="store_true", help="skip the fidelity table")
+    ap.add_argument(
+        "--march",
+        default=None,
+        help="time the attention kernels built for this -march (e.g. znver3: the AVX2 build)",
+    )
     results_file.add_arguments(ap)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     with results_file.capture("kv-cache-dtype", args):
-        print(attention_table(args.sequences))
+        print(attention_table(args.sequences, args.march))
         if not args.attention_only:
             print()
             print(fidelity_table(args.tokens))

@@ -12,7 +12,9 @@
 // arithmetic is the same whatever else is in the batch and however rows are grouped.
 // Inside a chunk: scores a vector width of keys at a time (16 or 8; one vector of products
 // per key, summed across lanes by a fixed tree), exp as a polynomial over a vector of scores,
-// values accumulated for a few queries per pass.
+// values accumulated for a few queries per pass. The chunk's records sit in scattered blocks,
+// beyond the hardware prefetcher: the bodies fetch them to L2 themselves, FETCH_AHEAD
+// positions ahead, spread over the score and value loops so the reads overlap the arithmetic.
 //
 // Other head sizes, sliding windows and builds without AVX2: one task per (row, head), the
 // portable body. decode_attention_f16.c builds this file again for a float16 pool.
@@ -44,6 +46,29 @@ static inline void key_tile(const HeadKeys* a, int64_t t0, int64_t n, int width,
     for (int64_t j = n; j < width; j++) kp[j] = kp[0];
 }
 
+#if defined(CHUNKED_BODY)
+// The next record the vector bodies fetch to L2: a chunk's keys, then its values.
+typedef struct {
+    int64_t t, c0, c1, blk, off;  // position, the chunk, its block-table entry and offset
+    int64_t to_value;             // a key's record to its value's
+    int lines;                    // cache lines of a head's key (or value)
+    int values;                   // fetching the values now
+} Fetch;
+#define FETCH_AHEAD 64  // how many positions ahead of the scores
+
+ALWAYS_INLINE void fetch_next(const HeadKeys* a, Fetch* f) {
+    if (f->t == f->c1) {
+        if (f->values) return;
+        f->values = 1, f->t = f->c0, f->blk = f->c0 / a->bs, f->off = f->c0 % a->bs;
+    }
+    const char* r = (const char*)(a->keys + (f->values ? f->to_value : 0) +
+                                  (a->bt[f->blk] * a->bs + f->off) * a->rec + a->head_off);
+    for (int l = 0; l < f->lines; l++) _mm_prefetch(r + 64 * l, _MM_HINT_T1);
+    if (++f->off == a->bs) f->off = 0, f->blk++;
+    f->t++;
+}
+#endif
+
 #if defined(__AVX512F__)
 // Lane j of the result: the sum of v[j]'s lanes (a fixed tree: halves, quarters, ...).
 ALWAYS_INLINE __m512 sum16(__m512 v[16]) {
@@ -71,27 +96,6 @@ ALWAYS_INLINE __m512 sum16(__m512 v[16]) {
                          _mm512_permutex2var_ps(v[0], hi4, v[1]));
 }
 
-// The next record attend_chunk_avx512 fetches to L2: the chunk's keys, then its values.
-typedef struct {
-    int64_t t, c0, c1, blk, off;  // position, the chunk, its block-table entry and offset
-    int64_t to_value;             // a key's record to its value's
-    int lines;                    // cache lines of a head's key (or value)
-    int values;                   // fetching the values now
-} Fetch;
-#define FETCH_TILES 4  // how far ahead of the scores, in 16-key tiles
-
-ALWAYS_INLINE void fetch_next(const HeadKeys* a, Fetch* f) {
-    if (f->t == f->c1) {
-        if (f->values) return;
-        f->values = 1, f->t = f->c0, f->blk = f->c0 / a->bs, f->off = f->c0 % a->bs;
-    }
-    const char* r = (const char*)(a->keys + (f->values ? f->to_value : 0) +
-                                  (a->bt[f->blk] * a->bs + f->off) * a->rec + a->head_off);
-    for (int l = 0; l < f->lines; l++) _mm_prefetch(r + 64 * l, _MM_HINT_T1);
-    if (++f->off == a->bs) f->off = 0, f->blk++;
-    f->t++;
-}
-
 static inline __mmask16 first_lanes(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
 }
@@ -107,11 +111,11 @@ ALWAYS_INLINE void attend_chunk_avx512(const HeadKeys* a, int64_t c0, int64_t c1
     const int64_t cap = c1 - c0;
     const __m512 scale = _mm512_set1_ps(a->scale);
     const int64_t to_value = a->values - a->keys;  // a key's record to its value's
-    // Keys and values reach L2 FETCH_TILES tiles ahead of the scores, their prefetches spread
-    // over a query's key loop (a burst would stall on the miss buffers while nothing
-    // computes), so reading the scattered records overlaps the arithmetic.
+    // Keys and values reach L2 FETCH_AHEAD positions ahead of the scores, their prefetches
+    // spread over a query's key loop and the value pass (a burst would stall on the miss
+    // buffers while nothing computes), so reading the scattered records overlaps the arithmetic.
     Fetch f = {c0, c0, c1, c0 / a->bs, c0 % a->bs, to_value, HD * (int)sizeof(kv_t) / 64, 0};
-    while (f.t < c0 + 16 * FETCH_TILES && f.t < c1) fetch_next(a, &f);
+    while (f.t < c0 + FETCH_AHEAD && f.t < c1) fetch_next(a, &f);
     const kv_t* kp[16];
     key_tile(a, c0, c1 - c0 < 16 ? c1 - c0 : 16, 16, kp);
     for (int64_t t0 = c0; t0 < c1; t0 += 16) {
@@ -208,14 +212,19 @@ ALWAYS_INLINE void attend_chunk_avx2(const HeadKeys* a, int64_t c0, int64_t c1, 
     const int V = HD / 8;
     const int64_t cap = c1 - c0;
     const __m256 scale = _mm256_set1_ps(a->scale);
+    Fetch f = {c0, c0, c1, c0 / a->bs, c0 % a->bs, a->values - a->keys,
+               HD * (int)sizeof(kv_t) / 64, 0};  // as attend_chunk_avx512 fetches
+    while (f.t < c0 + FETCH_AHEAD && f.t < c1) fetch_next(a, &f);
     for (int64_t t0 = c0; t0 < c1; t0 += 8) {
         const kv_t* kp[8];
         key_tile(a, t0, c1 - t0 < 8 ? c1 - t0 : 8, 8, kp);
+        int fetching = 1;
         for (int64_t j = 0; j < n; j++) {
             const int64_t visible = vis[j] - t0;  // of this tile's keys
             if (visible <= 0) continue;
             __m256 acc[8];
             for (int k = 0; k < 8; k++) {
+                if (fetching) fetch_next(a, &f);
                 acc[k] = _mm256_mul_ps(_mm256_loadu_ps(q[j]), KV_LOAD8(kp[k]));
                 for (int c = 1; c < V; c++)
                     acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + 8 * c), KV_LOAD8(kp[k] + 8 * c),
@@ -223,6 +232,7 @@ ALWAYS_INLINE void attend_chunk_avx2(const HeadKeys* a, int64_t c0, int64_t c1, 
             }
             _mm256_maskstore_ps(scores + j * cap + (t0 - c0), first_lanes8(visible),
                                 _mm256_mul_ps(sum8(acc), scale));
+            fetching = 0;
         }
     }
     for (int64_t j = 0; j < n; j++) {  // exp(score - max) in place, and their sum
@@ -261,6 +271,7 @@ ALWAYS_INLINE void attend_chunk_avx2(const HeadKeys* a, int64_t c0, int64_t c1, 
                 const kv_t* vh = a->values + (a->bt[blk] * a->bs + off) * a->rec + a->head_off +
                                  64 * half;
                 if (++off == a->bs) off = 0, blk++;
+                fetch_next(a, &f);
                 for (int64_t j = 0; j < m; j++) {
                     if (t >= end[j]) continue;
                     const __m256 p = _mm256_set1_ps(scores[(j0 + j) * cap + (t - c0)]);
