@@ -58,6 +58,29 @@ ALWAYS_INLINE float vsum_all(vf v) { return _mm512_reduce_add_ps(v); }
 ALWAYS_INLINE vf keep_seen(vf p, vf s) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, VSET1(-INFINITY), _CMP_NEQ_OQ), p);
 }
+// r[i] <- lane i of every r[j]: a 16 x 16 transpose in registers.
+ALWAYS_INLINE void transpose(vf r[W]) {
+    vf t[W];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 4; k++) {
+            t[8 * i + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0x88);
+            t[8 * i + 4 + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0xDD);
+        }
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
+        r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xDD);
+    }
+}
 #else
 #define W 8
 #define ROWS 4  // score accumulators: ROWS x 2 vectors of 16
@@ -85,9 +108,40 @@ ALWAYS_INLINE float vsum_all(vf v) {
 ALWAYS_INLINE vf keep_seen(vf p, vf s) {
     return _mm256_and_ps(p, _mm256_cmp_ps(s, VSET1(-INFINITY), _CMP_NEQ_OQ));
 }
+// r[i] <- lane i of every r[j]: an 8 x 8 transpose in registers.
+ALWAYS_INLINE void transpose(vf r[W]) {
+    vf t[W];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int k = 0; k < 4; k++) {
+        t[k] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x20);
+        t[k + 4] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x31);
+    }
+    for (int k = 0; k < W; k++) r[k] = t[k];
+}
 #endif
 #define KEY_TILE (2 * W)
 #define TASK_ROWS (QUERY_TILE * GROUP_MAX + ROWS)  // a task's rows, padded to whole blocks
+
+// kt[d][j] = key j's dimension d (kt: [hd][KEY_TILE]), W x W blocks transposed in registers
+// (a float16 pool's values widened exactly on the load).
+ALWAYS_INLINE void transpose_keys(const kv_t* const* kp, int64_t hd, float* kt) {
+    for (int j0 = 0; j0 < KEY_TILE; j0 += W)
+        for (int64_t d0 = 0; d0 < hd; d0 += W) {
+            vf r[W];
+            for (int i = 0; i < W; i++) r[i] = VLOAD_KV(kp[j0 + i] + d0);
+            transpose(r);
+            for (int i = 0; i < W; i++) VSTORE(kt + (d0 + i) * KEY_TILE + j0, r[i]);
+        }
+}
 
 // s[r][j] = scale * q_r . key j of the tile, for ROWS rows (kt: [hd][KEY_TILE]).
 ALWAYS_INLINE void tile_scores(const float* const* q, const float* kt, int64_t hd, float scale,
@@ -188,15 +242,15 @@ static void attend_tile(const HeadKeys* a, const float* q, int64_t q_stride, flo
     }
     memset(w->o, 0, sizeof(float) * (size_t)(blocks * ROWS * hd));
     const int64_t last = p0 + n - 1, start = first_key(p0, window) / KEY_TILE * KEY_TILE;
-    const kv_t* vp[KEY_TILE];
+    const kv_t *kp[KEY_TILE], *vp[KEY_TILE];
     const kv_t* zero = (const kv_t*)w->zero;
     for (int64_t t0 = start; t0 <= last; t0 += KEY_TILE) {
         for (int j = 0; j < KEY_TILE; j++) {  // keys past the rows' last are zeros
             const int64_t t = t0 + j;
-            const kv_t* k = t <= last ? key_at(a, t) : zero;
+            kp[j] = t <= last ? key_at(a, t) : zero;
             vp[j] = t <= last ? value_at(a, t) : zero;
-            for (int64_t d = 0; d < hd; d++) w->kt[d * KEY_TILE + j] = kv_float(k[d]);
         }
+        transpose_keys(kp, hd, w->kt);
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t r0 = b * ROWS;
             if (t0 > pos[r0 + ROWS - 1] || t0 + KEY_TILE - 1 < lo[r0]) continue;
