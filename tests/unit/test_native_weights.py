@@ -591,12 +591,13 @@ def test_fused_decode_equals_the_per_layer_path(tmp_path, tiny_source, qtype, mo
     ]
 
 
+@pytest.mark.parametrize("sequences", [12, 40])  # within / past INT_DOT_MAX_ROWS
 def test_fused_decode_of_many_rows_runs_the_gemm_with_the_per_layer_bits(
-    tmp_path, tiny_source, monkeypatch
+    tmp_path, tiny_source, monkeypatch, sequences
 ):
-    """Decode steps past the GEMV's 32 rows run in the one native call too (its projections on
-    the integer-dot GEMM, as the per-layer path's): 40 greedy sequences give the per-layer
-    path's tokens and log-probabilities bit for bit."""
+    """Decode steps past the GEMV's 8 rows run in the one native call too (its projections on
+    the integer-dot GEMM, as the per-layer path's): 12 and 40 greedy sequences give the
+    per-layer path's tokens and log-probabilities bit for bit."""
     from tokenmill.model import fused_decode
 
     path = tmp_path / "tiny-Q4_1.gguf"
@@ -612,10 +613,10 @@ def test_fused_decode_of_many_rows_runs_the_gemm_with_the_per_layer_bits(
     monkeypatch.setattr(fused_decode.FusedDecoder, "forward",
                         lambda self, h, *a: rows.append(h.shape[0]) or forward(self, h, *a))  # fmt: skip
     prompts = [{"prompt_token_ids": PROMPTS[i % len(PROMPTS)][: 3 + i % 5] + [i + 5]}
-               for i in range(40)]  # fmt: skip
+               for i in range(sequences)]  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
     got, want = fused.generate(prompts, params), per_layer.generate(prompts, params)
-    assert max(rows) == 40
+    assert max(rows) == sequences
     for a, b in zip(got, want, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].logprobs == b.outputs[0].logprobs
