@@ -150,12 +150,21 @@ def test_outputs_match_a_single_worker(layout):
     wait_released(layout.prefill, layout.decode)
     metrics = httpx.get(layout.url + "/metrics").text
     assert 'kv_transfer_decisions_total{decision="remote",reason="long"} 3.0' in metrics
-    served = [
-        m
-        for m in metrics.splitlines()
-        if m.startswith("tokenmill:router_kv_transfer_transfers_served_total")
-    ]
-    assert served and float(served[0].split()[-1]) == 3
+
+    def served() -> float | None:  # the workers' counters, as the router's last poll read them
+        lines = [
+            m
+            for m in httpx.get(layout.url + "/metrics").text.splitlines()
+            if m.startswith("tokenmill:router_kv_transfer_transfers_served_total")
+        ]
+        return float(lines[0].split()[-1]) if lines else None
+
+    # the router reads each worker's counters on its health poll (1 s): the third release
+    # shows up by the next poll after the blocks came back
+    deadline = time.monotonic() + 10
+    while served() != 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert served() == 3
 
 
 def test_the_decode_workers_kv_is_the_prefill_workers(layout):
