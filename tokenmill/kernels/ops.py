@@ -54,20 +54,21 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up per row of [gate | up] with the one-call decoder's exp (poly_expf):
     its results bit for bit."""
-    m, two_i = gate_up.shape
-    gate_up = gate_up.contiguous()
-    out = torch.empty(m, two_i // 2, dtype=torch.float32)
-    load_kernels().tm_silu_mul_rows(_p(gate_up), m, two_i // 2, _p(out), _threads())
-    return out
+    return _gated_mul(load_kernels().tm_silu_mul_rows, gate_up)
 
 
 def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gelu(gate, approximate="tanh") * up on [M, 2I] rows (gate first): the one-call
     decoder's GELU (decode_layers.c)."""
+    return _gated_mul(load_kernels().tm_gelu_tanh_mul_rows, gate_up)
+
+
+def _gated_mul(kernel, gate_up: torch.Tensor) -> torch.Tensor:
+    """act(gate) * up on [M, 2I] rows through a tm_*_mul_rows kernel."""
     m, two_i = gate_up.shape
     gate_up = gate_up.contiguous()
     out = torch.empty(m, two_i // 2, dtype=torch.float32)
-    load_kernels().tm_gelu_tanh_mul_rows(_p(gate_up), m, two_i // 2, _p(out), _threads())
+    kernel(_p(gate_up), m, two_i // 2, _p(out), _threads())
     return out
 
 
