@@ -58,19 +58,12 @@ ALWAYS_INLINE float vsum_all(vf v) { return _mm512_reduce_add_ps(v); }
 ALWAYS_INLINE vf keep_seen(vf p, vf s) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, VSET1(-INFINITY), _CMP_NEQ_OQ), p);
 }
-// r[i] <- lane i of every r[j]: a 16 x 16 transpose in registers.
-ALWAYS_INLINE void transpose(vf r[W]) {
+#define VUNPACKLO _mm512_unpacklo_ps
+#define VUNPACKHI _mm512_unpackhi_ps
+#define VSHUFFLE _mm512_shuffle_ps
+// transpose()'s last stages: the 4 x 4 blocks moved across the four 128-bit lanes.
+ALWAYS_INLINE void cross_lanes(vf r[W]) {
     vf t[W];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
     for (int i = 0; i < 2; i++)
         for (int k = 0; k < 4; k++) {
             t[8 * i + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0x88);
@@ -108,19 +101,12 @@ ALWAYS_INLINE float vsum_all(vf v) {
 ALWAYS_INLINE vf keep_seen(vf p, vf s) {
     return _mm256_and_ps(p, _mm256_cmp_ps(s, VSET1(-INFINITY), _CMP_NEQ_OQ));
 }
-// r[i] <- lane i of every r[j]: an 8 x 8 transpose in registers.
-ALWAYS_INLINE void transpose(vf r[W]) {
+#define VUNPACKLO _mm256_unpacklo_ps
+#define VUNPACKHI _mm256_unpackhi_ps
+#define VSHUFFLE _mm256_shuffle_ps
+// transpose()'s last stage: the 4 x 4 blocks moved across the two 128-bit lanes.
+ALWAYS_INLINE void cross_lanes(vf r[W]) {
     vf t[W];
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; i++) {
-        r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
     for (int k = 0; k < 4; k++) {
         t[k] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x20);
         t[k + 4] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x31);
@@ -130,6 +116,23 @@ ALWAYS_INLINE void transpose(vf r[W]) {
 #endif
 #define KEY_TILE (2 * W)
 #define TASK_ROWS (QUERY_TILE * GROUP_MAX + ROWS)  // a task's rows, padded to whole blocks
+
+// r[i] <- lane i of every r[j], a W x W transpose in registers: 4 x 4 blocks within each
+// 128-bit lane, then across the lanes.
+ALWAYS_INLINE void transpose(vf r[W]) {
+    vf t[W];
+    for (int i = 0; i < W / 2; i++) {
+        t[2 * i] = VUNPACKLO(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = VUNPACKHI(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < W / 4; i++) {
+        r[4 * i] = VSHUFFLE(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 1] = VSHUFFLE(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[4 * i + 2] = VSHUFFLE(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 3] = VSHUFFLE(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    cross_lanes(r);
+}
 
 // kt[d][j] = key j's dimension d (kt: [hd][KEY_TILE]), W x W blocks transposed in registers
 // (a float16 pool's values widened exactly on the load).
