@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import results as results_file  # noqa: E402
+from benchmarks.throughput import best_time  # noqa: E402
 from tests.unit.test_native_weights import packed  # noqa: E402
 from tokenmill.kernels import ops  # noqa: E402
 
@@ -29,13 +29,7 @@ LM_HEAD = ("Q8_0", 49152, 576)  # the embedded model's (tied embeddings)
 
 
 def best_ms(fn, reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
+    return best_time(fn, reps) * 1e3
 
 
 def kernels(x, w, repacked, dense_t):

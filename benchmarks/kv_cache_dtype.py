@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import results as results_file  # noqa: E402
+from benchmarks.throughput import best_time  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS, KV_HEADS, HEAD_DIM, LAYERS, BLOCK = 9, 3, 64, 30, 16
@@ -35,12 +35,7 @@ HEADS, KV_HEADS, HEAD_DIM, LAYERS, BLOCK = 9, 3, 64, 30, 16
 def read_bandwidth() -> float:
     """GB/s of torch.sum over 1 GiB of float32, best of 5."""
     x = torch.ones(1 << 28)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t)
-    return x.numel() * 4 / best / 1e9
+    return x.numel() * 4 / best_time(x.sum, 5) / 1e9
 
 
 def decode_step_ms(sequences: int, keys: int, dtype: torch.dtype, march: str | None) -> float:
@@ -65,13 +60,7 @@ def decode_step_ms(sequences: int, keys: int, dtype: torch.dtype, march: str | N
         for pool, table in zip(pools, tables, strict=True):
             attend(q, pool, table, lens, KV_HEADS, BLOCK, HEAD_DIM**-0.5, None)
 
-    step()
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
+    return best_time(step, 5) * 1e3
 
 
 def build_attention(march: str):

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import results as results_file  # noqa: E402
+from benchmarks.throughput import best_time  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS, BLOCK = 9, 3, 64, 30, 16
 CASES = (("fresh prompt", 512, 512, 1, False), ("after a cached prefix", 2048, 32, 8, True),
@@ -68,13 +68,7 @@ def case_ms(keys: int, new: int, seqs: int, scattered: bool, dtype, march) -> fl
         for pool in pools:
             attend(q, pool, table, starts, lens, KV_HEADS, BLOCK, HEAD_DIM**-0.5, None, out)
 
-    step()
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
+    return best_time(step, 5) * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
