@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.router.conftest import MODEL, start_router
+from tests.router.test_subscriber import wait_until
 from tokenmill.router.cluster import ReplicaProcess, start_cluster, stop_cluster
 
 ARGS = ["--kv-cache-memory", "0.5", "--kv-lease-timeout", "3", "--max-num-batched-tokens", "256"]
@@ -161,10 +162,7 @@ def test_outputs_match_a_single_worker(layout):
 
     # the router reads each worker's counters on its health poll (1 s): the third release
     # shows up by the next poll after the blocks came back
-    deadline = time.monotonic() + 10
-    while served() != 3 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert served() == 3
+    wait_until(lambda: served() == 3, timeout=10.0)
 
 
 def test_the_decode_workers_kv_is_the_prefill_workers(layout):
