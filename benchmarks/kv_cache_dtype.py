@@ -69,7 +69,7 @@ def build_attention(march: str):
 
     lib = build_kernels(march)
     if lib is None:
-        raise SystemExit("no C compiler")
+        raise SystemExit(f"the kernels did not build for -march={march} (or no C compiler)")
 
     def attend(q, pool, table, lens, kv_heads, block, scale, window):
         out = torch.empty_like(q)

@@ -35,7 +35,7 @@ def kernel(march: str | None, dtype: torch.dtype):
 
     lib = build_kernels(march)
     if lib is None:
-        raise SystemExit("no C compiler")
+        raise SystemExit(f"the kernels did not build for -march={march} (or no C compiler)")
     fn = lib.tm_paged_attention_prefill_f16 if dtype == torch.float16 else None
     fn = fn or lib.tm_paged_attention_prefill
 
