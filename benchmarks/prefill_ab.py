@@ -24,10 +24,10 @@ from benchmarks import results as results_file  # noqa: E402
 from benchmarks.throughput import MODEL_STEM, llama_cpp_dirs  # noqa: E402
 
 VARIANTS = {
-    "tokenmill native (24-bit activations, default)": {"weights": "native"},
-    "tokenmill native a16 (16-bit activations)": {
+    "tokenmill native (16-bit activations, default)": {"weights": "native"},
+    "tokenmill native a24 (24-bit activations)": {
         "weights": "native",
-        "int_dot_activation_bits": 16,
+        "int_dot_activation_bits": 24,
     },
     "tokenmill native a8 (8-bit activations)": {"weights": "native", "int_dot_activation_bits": 8},
     "tokenmill int8 (W8A8)": {"weights": "int8"},

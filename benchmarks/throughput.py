@@ -10,10 +10,12 @@ same run.
 
 Systems
     tokenmill native    LLM() with its defaults (weights="native"): the Q4_1 file's weights kept
-                        packed, integer-dot kernels (decode rows: 24-bit activations; prefill and
-                        steps past 8 rows: the GEMM at 24 bits, its default)
-    tokenmill native a8 the same with the GEMM's activations at 8 bits (int8 per 32 values, as
-                        llama.cpp's; LLM(int_dot_activation_bits=8))
+                        packed, integer-dot kernels (16-bit activations, the default: the GEMV
+                        up to 8 rows, the GEMM past them, the same bits for a row)
+    tokenmill native a24    the same with 24-bit activations (three digit planes: the float32
+                        method's logits up to fp32 rounding; LLM(int_dot_activation_bits=24))
+    tokenmill native a8 the same with 8-bit activations (int8 per 32 values, as llama.cpp's;
+                        LLM(int_dot_activation_bits=8))
     tokenmill native kv16   the defaults with a float16 KV cache (LLM(kv_cache_dtype="float16"))
     tokenmill native Q8_0   the same on the Q8_0 copy of the file (make_gguf_variants.sh)
     tokenmill fp32      LLM(weights="float32") (float32 weights, dequantized from the GGUF)
@@ -779,6 +781,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         (
             "tokenmill native",
             lambda: bench_tokenmill("tokenmill native", "native", sizes, work, threads),
+        ),
+        (
+            "tokenmill native a24",
+            lambda: bench_tokenmill(
+                "tokenmill native a24", "native", sizes, work, threads, int_dot_activation_bits=24
+            ),
         ),
         (
             "tokenmill native a8",

@@ -15,13 +15,15 @@ import pytest
 import torch
 
 from tests.compat.common import DATA, MODEL, SKIP_REASON
+from tokenmill.config import KernelConfig
 
 pytest.importorskip("lm_eval", reason=SKIP_REASON)
 
 TASK = "tokenmill_tiny_mc"
-# nats: 2.4e-5 measured at the default 24-bit activations (prefix cache off and on); 16 bits
-# move the embedded model's logits by up to 8.2e-3 (tests/model/test_native_embedded.py)
-TOL = 1e-3
+# nats, by the integer-dot kernels' activation bits: 24 bits measured 2.4e-5 (prefix cache off
+# and on); 16 (the default) 3.2e-3, within the embedded model's logit bound there
+# (tests/model/test_native_embedded.py: 1e-2)
+TOL = {24: 1e-3, 16: 1e-2}[KernelConfig.int_dot_activation_bits]
 
 
 def make_lm(server, tokenizer_backend: str = "remote", **kwargs: Any):

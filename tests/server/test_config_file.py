@@ -174,7 +174,7 @@ def test_server_info_shows_the_kernel_switches_in_force(tmp_path, monkeypatch):
         assert server.stop() == 0
     kernels = info["config"]["engine"]["kernel_config"]
     assert kernels == {
-        "int_dot": True, "int_dot_max_rows": 48, "int_dot_activation_bits": 24,
+        "int_dot": True, "int_dot_max_rows": 48, "int_dot_activation_bits": 16,
         "greedy_argmax": False, "fused_decode": False, "prefetch": False,
     }  # fmt: skip
     facts = info["engine"]["kernels"]

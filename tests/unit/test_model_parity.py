@@ -92,9 +92,9 @@ def write_gguf(model, path, qtype_name: str) -> None:
 
 
 # Q4_0 / Q4_1 / Q8_0 run the integer-dot kernels (native weights), whose activations are
-# rounded to KernelConfig.int_dot_activation_bits: at 24 bits (the default) logits within the
-# float formats' 1e-4 of the dequantized float32 model's (measured 1.7e-5); at 16 bits (steps
-# of 2^-15 of a block's largest value) within 2e-3 on these tiny models (logits up to ~6;
+# rounded to KernelConfig.int_dot_activation_bits: at 24 bits logits within the float
+# formats' 1e-4 of the dequantized float32 model's (measured 1.7e-5); at 16 bits (the default:
+# steps of 2^-15 of a block's largest value) within 2e-3 on these tiny models (logits up to ~6;
 # measured at most 1.15e-3 over the three formats, whole prompts, chunks of 7, token by token).
 INT_DOT_FORMATS = ("Q4_0", "Q4_1", "Q8_0")
 INT_DOT_BOUNDS = {24: 1e-4, 16: 2e-3}
@@ -135,3 +135,17 @@ def test_gguf_parity_with_transformers(tmp_path, qtype, gguf_source):
     hf_tok = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
     text = "Tokenizers: naïve café, 12345 digits, <|im_start|>user\n  spaces\ttabs 日本語"
     assert llm.get_tokenizer().encode(text) == hf_tok.encode(text)
+
+
+def test_gguf_parity_at_24_bit_activations(tmp_path, gguf_source):
+    """`--int-dot-activation-bits 24` keeps the logits of the float32 method's order of fp32
+    rounding (the float formats' 1e-4) on the integer-dot kernels."""
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path / "tiny-Q4_1.gguf"
+    write_gguf(gguf_source, path, "Q4_1")
+    ref = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    llm = LLM(str(path), kv_cache_memory_gib=0.05, int_dot_activation_bits=24)
+    check_parity(ref, llm, bound=INT_DOT_BOUNDS[24])

@@ -241,9 +241,9 @@ class EngineArgs:
     )  # fmt: skip
     int_dot_activation_bits: int | None = option(
         K + "int_dot_activation_bits", "the activations' precision in every integer-dot kernel "
-        "(decode GEMV, GEMM, greedy argmax; a row gets the same bits in each): 24 (default: "
-        "logits within 1e-4 of float32's), 16 (two thirds of the work: KLD from float32 < 1e-6, "
-        "logits within 1e-2) or 8 (int8 per 32 values as llama.cpp: a third of the work, KLD "
+        "(decode GEMV, GEMM, greedy argmax; a row gets the same bits in each): 16 (default: "
+        "KLD from float32 < 1e-6, logits within 1e-2), 24 (a third more work: logits within "
+        "1e-4 of float32's) or 8 (int8 per 32 values as llama.cpp: half of 16's work, KLD "
         "~0.003)", default=None, type=int,
         choices=envs.ACTIVATION_BITS, metavar="BITS",
         group=KERNELS,

@@ -147,7 +147,7 @@ INT_DOT_MAX_ROWS = 32
 # Up to this many rows (one pass over the weights) the integer-dot GEMV, past them the GEMM,
 # which keeps each weight block in L1 across all rows: a layer of the embedded model at 9-32
 # rows runs 3-12% faster on it (2 threads, Zen 5). Both round the activations to
-# KernelConfig.int_dot_activation_bits (24; 16: two thirds of the dot products, 8: a third)
+# KernelConfig.int_dot_activation_bits (16; 24: 1.5x the dot products, 8: half)
 # and give a row the same bits, so a row's result never depends on the other rows of its step.
 INT_DOT_GEMV_MAX_ROWS = 8
 # fp32 bytes dequantized at a time for the GEMM path (stays in L2/L3, never a full copy)

@@ -2,8 +2,8 @@
 GEMM on the dequantized weight: measured on this machine, once.
 
 Up to 32 rows (linear.INT_DOT_MAX_ROWS) the integer-dot kernels run, whatever the machine; past
-them the integer-dot GEMM (8- or 24-bit activations, KernelConfig.int_dot_activation_bits), and it
-is timed here against the fp32 GEMM. Which one wins past a few dozen rows depends on the CPU:
+them the integer-dot GEMM (8-, 16- or 24-bit activations: KernelConfig.int_dot_activation_bits),
+and it is timed here against the fp32 GEMM. Which one wins past a few dozen rows depends on the CPU:
 the integer-dot kernels' cost per row is flat (bound by `vpdpbusd`), the fp32 GEMM's falls as
 rows grow, towards the fp32 FMA peak. On a 2-core AMD EPYC (Zen 4, oneDNN/MKL fp32 GEMM) the
 24-bit kernel was already 1.3-3x faster on the embedded model's gate/up layer at 64-512 rows
