@@ -86,6 +86,21 @@ def test_sampling_follows_distribution():
     assert torch.allclose(freq, probs, atol=0.03)
 
 
+def test_temperature_scales_its_rows_only():
+    """Rows at temperature 0.5 draw from p^2 (normalized), rows at 1 from p, greedy rows
+    take the argmax, all in one batch."""
+    probs = torch.tensor([0.7, 0.2, 0.1])
+    logits = probs.log().repeat(8001, 1)
+    temps = [0.5, 1.0] * 4000 + [0]
+    tokens = Sampler()(logits, meta_for([make_request(i, temperature=t) for i, t in
+                                         enumerate(temps)])).sampled_token_ids  # fmt: skip
+    sharp = probs**2 / (probs**2).sum()
+    for rows, want in ((slice(0, 8000, 2), sharp), (slice(1, 8000, 2), probs)):
+        freq = torch.bincount(tokens[rows], minlength=3).float() / 4000
+        assert torch.allclose(freq, want, atol=0.03), (freq, want)
+    assert tokens[-1] == 0
+
+
 def test_inverse_cdf_never_draws_a_masked_token():
     """Masked tokens (top-k, grammars) have probability 0 and are never drawn, whatever the
     uniform: here the masks sit at both ends and between the live tokens."""

@@ -14,6 +14,8 @@ from tokenmill.request import Request
 class SamplingMetadata:
     temperature: torch.Tensor  # [S]; 0 for greedy rows
     all_greedy: bool
+    any_greedy: bool  # some row is greedy (its first largest logit wins)
+    scaled: bool  # some random row's temperature is not 1 (its logits are divided by it)
     top_k: torch.Tensor | None  # [S] long, 0 = off
     top_p: torch.Tensor | None  # [S]
     min_p: torch.Tensor | None  # [S]
@@ -78,6 +80,8 @@ class SamplingMetadata:
             [0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32
         )
         all_greedy = all(p.greedy for p in params)
+        any_greedy = any(p.greedy for p in params)
+        scaled = any(not p.greedy and p.temperature != 1.0 for p in params)
         top_k = top_p = min_p = None
         if not all_greedy:
             if any(p.top_k > 0 for p in params):
@@ -108,6 +112,8 @@ class SamplingMetadata:
         return cls(
             temperature=temperature,
             all_greedy=all_greedy,
+            any_greedy=any_greedy,
+            scaled=scaled,
             top_k=top_k,
             top_p=top_p,
             min_p=min_p,

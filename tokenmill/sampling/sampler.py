@@ -75,6 +75,12 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
+def first_max(logits: torch.Tensor) -> torch.Tensor:
+    """Per row, the index of its largest logit, the first on ties (max is faster than argmax
+    on CPU)."""
+    return logits.max(dim=1).indices
+
+
 def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row drawn from `probs` (rows need not be normalized): the first token
     whose cumulative probability exceeds u · total, which always has a probability > 0.
@@ -120,11 +126,12 @@ class Sampler:
                 meta.repetition_penalty,
             )
 
-        greedy = logits.max(dim=1).indices  # faster than argmax on CPU; first max on ties
         if meta.all_greedy:
-            sampled = greedy
+            sampled = first_max(logits)
         else:
-            sampled = torch.where(meta.temperature == 0, greedy, self._random(logits, meta))
+            sampled = self._random(logits, meta)
+            if meta.any_greedy:
+                sampled = torch.where(meta.temperature == 0, first_max(logits), sampled)
 
         lp = None
         if raw_logprobs is not None:
@@ -173,10 +180,11 @@ class Sampler:
         return logits
 
     def _random(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        temperature = torch.where(
-            meta.temperature == 0, torch.ones_like(meta.temperature), meta.temperature
-        )
-        logits = logits / temperature.unsqueeze(1)
+        if meta.scaled:  # (a division by 1 changes nothing)
+            temperature = torch.where(
+                meta.temperature == 0, torch.ones_like(meta.temperature), meta.temperature
+            )
+            logits = logits / temperature.unsqueeze(1)
         logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
         if meta.min_p is not None:
             logits = apply_min_p(logits, meta.min_p)
