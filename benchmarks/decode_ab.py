@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import results as results_file  # noqa: E402
 from benchmarks.throughput import MODEL_STEM, llama_cpp_dirs  # noqa: E402
 
-BITS = (24, 16, 8)  # the default first
+BITS = (16, 24, 8)  # the default first
 PEER = "Q4_1"  # the embedded file's format
 
 
