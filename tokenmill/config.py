@@ -225,7 +225,7 @@ class KernelConfig:
     # logits never depend on the step (speculative verification stays lossless, a cache hit
     # equals a miss). 16 (two digits per value: KLD from float32 < 1e-6 on the embedded
     # model and a Qwen3-shaped Q4_K_M one, logits within 1e-2 of the float32 method's,
-    # measured 8.2e-3; a wave of 32 prompts prefills 1.2x faster than at 24), 24 (three
+    # measured 8.2e-3; prefill 1.1-1.4x as fast as at 24), 24 (three
     # digits: logits within 1e-4, the order of fp32 rounding) or 8 (one int8 per value and
     # 32-value block, as llama.cpp's: a third of 24's work, KLD 0.0035)
     int_dot_activation_bits: int = 16

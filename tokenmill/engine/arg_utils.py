@@ -242,7 +242,7 @@ class EngineArgs:
     int_dot_activation_bits: int | None = option(
         K + "int_dot_activation_bits", "the activations' precision in every integer-dot kernel "
         "(decode GEMV, GEMM, greedy argmax; a row gets the same bits in each): 16 (default: "
-        "KLD from float32 < 1e-6, logits within 1e-2), 24 (a third more work: logits within "
+        "KLD from float32 < 1e-6, logits within 1e-2), 24 (1.5x the work: logits within "
         "1e-4 of float32's) or 8 (int8 per 32 values as llama.cpp: half of 16's work, KLD "
         "~0.003)", default=None, type=int,
         choices=envs.ACTIVATION_BITS, metavar="BITS",

@@ -68,9 +68,7 @@ static void quantize_tiles(const float* x, int64_t M, int64_t K, Precision pr, i
                 ((int32_t*)f)[(3 + p) * TILE_ROWS + r] = p < P ? 128 * ps[p] : 0;
         }
 }
-#endif
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 // acc + the u8 x s8 dot products of w's dwords with the dword at x in every lane (the
 // broadcast folded into the instruction, as in int_dot_kernels.c).
 ALWAYS_INLINE __m512i dpbusd_bcst(__m512i acc, __m512i w, const int8_t* x) {
