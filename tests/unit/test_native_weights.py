@@ -12,6 +12,7 @@ from tests.kernel_builds import KERNEL_BUILDS, kernel_build
 from tests.tiny_models import make_hf_model
 from tests.unit.test_model_parity import INT_DOT_BOUND, PROMPTS, write_gguf
 from tokenmill import LLM, SamplingParams
+from tokenmill.config import KernelConfig
 from tokenmill.engine.scoring import sequence_logits
 from tokenmill.kernels.build import build_kernels
 from tokenmill.model.linear import NativeMethod
@@ -538,12 +539,14 @@ def test_native_model_in_the_newer_formats_matches_its_file_dequantized(tmp_path
     ]
     assert all(type(lin).__name__ == "PackedLinear" for lin in linears)
     assert {lin.weight.name for lin in linears} == set(MORE_QTYPES)
+    # by the integer-dot kernels' activation bits (hidden 256; measured 1.9e-3 at 16 bits)
+    bound = {24: 1e-3, 16: 5e-3}[KernelConfig.int_dot_activation_bits]
     for prompt in PROMPTS:
         for chunk in (None, 1, 7):  # GEMM path, then the fused GEMV path (<= 8 rows)
             tokens = prompt[:16] if chunk == 1 else prompt  # a token at a time: fewer of them
             ours = sequence_logits(native.engine.core, tokens, chunk_size=chunk)
             ref = sequence_logits(reference.engine.core, tokens, chunk_size=chunk)
-            assert (ours - ref).abs().max().item() <= 1e-3, (len(tokens), chunk)
+            assert (ours - ref).abs().max().item() <= bound, (len(tokens), chunk)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     assert [o.outputs[0].token_ids for o in native.generate(prompts, params)] == [
