@@ -126,10 +126,6 @@ typedef void (*GroupFn)(int qt, const uint8_t* gw, int64_t nb, const IntRows* q,
 // (the formats that read them: needs_psums), else zero.
 void int_dot_quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q, Precision pr,
                            int psums, int nthreads);
-// One 32-value block of a row (int_dot_quantize_rows' body): its three digit planes, scale,
-// scale * sum of x_int and the planes' sums (PSUMS; zero without psums).
-void int_dot_quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
-                            float* sum, int32_t* psum, Precision pr, int psums);
 // Q8_0's offset and Q6_K's halves correct the dot products by the planes' sums.
 static inline int needs_psums(int qt) { return qt == QT_Q8_0 || qt == QT_Q6_K; }
 IntRows int_dot_alloc_rows(int64_t M, int64_t K, void** buffer);

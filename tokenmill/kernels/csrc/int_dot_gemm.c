@@ -44,28 +44,23 @@
 #define CHUNK(P) (TILE_ROWS * QK * (P) + 5 * TILE_ROWS * 4)
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-// The rows of x quantized at pr straight into tiles of P leading planes: ceil(M / TILE_ROWS)
-// * nb chunks (threads over rows).
-static void quantize_tiles(const float* x, int64_t M, int64_t K, Precision pr, int psums, int P,
-                           int8_t* out, int nthreads) {
+// Rows quantized in q with P leading planes, in tiles: ceil(M / TILE_ROWS) * nb chunks
+// (threads over rows).
+static void pack_rows(const IntRows* q, int P, int64_t M, int64_t K, int8_t* out, int nthreads) {
     const int64_t nb = K / QK;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M > TILE_ROWS)
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) {
             int8_t* c = out + ((m / TILE_ROWS) * nb + b) * CHUNK(P);
-            const int64_t r = m % TILE_ROWS;
-            int8_t digits[3][QK];
-            float scale, sum;
-            int32_t ps[PSUMS];
-            int_dot_quantize_block(x + m * K + b * QK, digits[0], digits[1], digits[2], &scale,
-                                   &sum, ps, pr, psums);
-            for (int p = 0; p < P; p++) memcpy(c + (p * TILE_ROWS + r) * QK, digits[p], QK);
+            const int64_t r = m % TILE_ROWS, at = m * nb + b;
+            for (int p = 0; p < P; p++)
+                memcpy(c + (p * TILE_ROWS + r) * QK, plane(q, m, p, K) + b * QK, QK);
             float* f = (float*)(c + TILE_ROWS * QK * P);
-            f[r] = P == 1 ? scale * 65536.0f : scale;  // exact: a power of two
-            f[TILE_ROWS + r] = sum;
-            f[2 * TILE_ROWS + r] = -8.0f * sum;
+            f[r] = P == 1 ? q->scale[at] * 65536.0f : q->scale[at];  // exact: a power of two
+            f[TILE_ROWS + r] = q->sum[at];
+            f[2 * TILE_ROWS + r] = -8.0f * q->sum[at];
             for (int p = 0; p < 2; p++)
-                ((int32_t*)f)[(3 + p) * TILE_ROWS + r] = p < P ? 128 * ps[p] : 0;
+                ((int32_t*)f)[(3 + p) * TILE_ROWS + r] = p < P ? 128 * q->psum[PSUMS * at + p] : 0;
         }
 }
 
@@ -199,19 +194,16 @@ static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const ui
     const int64_t tile_rows = tiled ? TILE_ROWS : MAX_ROWS;
     // rows a thread runs each of its groups over at a time: their digits stay in L2
     const int64_t block = tile_rows * (K <= 2048 ? ROW_TILES : ROW_TILES / 4);
-    void* buffer = NULL;
-    IntRows q = {0};
+    void* buffer;
+    IntRows q = int_dot_alloc_rows(M, K, &buffer);
+    int_dot_quantize_rows(x, M, K, &q, precision_of(bits), needs_psums(qt), nthreads);
     int8_t* chunks = NULL;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    if (tiled) {  // the tiles read their rows from chunks only
+    if (tiled) {  // the tiles read their rows from chunks (elsewhere from q)
         chunks = malloc((size_t)((M + TILE_ROWS - 1) / TILE_ROWS * nb * CHUNK(P)));
-        quantize_tiles(x, M, K, precision_of(bits), needs_psums(qt), P, chunks, nthreads);
+        pack_rows(&q, P, M, K, chunks, nthreads);
     }
 #endif
-    if (chunks == NULL) {
-        q = int_dot_alloc_rows(M, K, &buffer);
-        int_dot_quantize_rows(x, M, K, &q, precision_of(bits), needs_psums(qt), nthreads);
-    }
 #pragma omp parallel num_threads(nthreads)
     for (int64_t b0 = 0; b0 < M; b0 += block) {
         const int64_t b1 = M - b0 < block ? M : b0 + block;
@@ -220,11 +212,9 @@ static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const ui
             float out[TILE_ROWS > MAX_ROWS ? TILE_ROWS : MAX_ROWS][GROUP];
             for (int64_t m0 = b0; m0 < b1; m0 += tile_rows) {
                 const int64_t rows = b1 - m0 < tile_rows ? b1 - m0 : tile_rows;
+                const IntRows rows_q = {q.planes + 3 * m0 * K, q.scale + m0 * nb,
+                                        q.sum + m0 * nb, q.psum + PSUMS * m0 * nb};
                 const uint8_t* gw = w + g * group_bytes(qt, nb);
-                const IntRows rows_q =
-                    chunks ? q
-                           : (IntRows){q.planes + 3 * m0 * K, q.scale + m0 * nb, q.sum + m0 * nb,
-                                       q.psum + PSUMS * m0 * nb};
                 if (tiled)
                     tile(qt, P, gw, nb, &rows_q,
                          chunks ? chunks + m0 / TILE_ROWS * nb * CHUNK(P) : NULL, rows, K, out);

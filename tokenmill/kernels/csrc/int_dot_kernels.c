@@ -309,11 +309,6 @@ static void quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo,
 }
 #endif
 
-void int_dot_quantize_block(const float* xb, int8_t* hi, int8_t* mid, int8_t* lo, float* scale,
-                            float* sum, int32_t* psum, Precision pr, int psums) {
-    quantize_block(xb, hi, mid, lo, scale, sum, psum, pr, psums);
-}
-
 void int_dot_quantize_rows(const float* x, int64_t M, int64_t K, IntRows* q, Precision pr,
                            int psums, int nthreads) {
     const int64_t nb = K / QK;
