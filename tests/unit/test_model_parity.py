@@ -113,12 +113,15 @@ def gguf_source():
 _SLOW = pytest.mark.slow
 
 
+# bits: the integer-dot kernels' activation bits (None: the default); Q4_1 at 24 bits keeps the
+# float32 method's logits up to fp32 rounding (--int-dot-activation-bits 24)
 @pytest.mark.parametrize(
-    "qtype",
-    [pytest.param("F32", marks=_SLOW), "Q4_1", pytest.param("Q8_0", marks=_SLOW), pytest.param("F16", marks=_SLOW),
-     pytest.param("Q4_0", marks=_SLOW), pytest.param("Q5_1", marks=_SLOW)],
+    ("qtype", "bits"),
+    [pytest.param("F32", None, marks=_SLOW), ("Q4_1", None), ("Q4_1", 24),
+     pytest.param("Q8_0", None, marks=_SLOW), pytest.param("F16", None, marks=_SLOW),
+     pytest.param("Q4_0", None, marks=_SLOW), pytest.param("Q5_1", None, marks=_SLOW)],
 )  # fmt: skip
-def test_gguf_parity_with_transformers(tmp_path, qtype, gguf_source):
+def test_gguf_parity_with_transformers(tmp_path, qtype, bits, gguf_source):
     """Both sides dequantize the same file; q/k permutation, names and tokenizer must agree."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -128,24 +131,11 @@ def test_gguf_parity_with_transformers(tmp_path, qtype, gguf_source):
     ref = AutoModelForCausalLM.from_pretrained(
         str(tmp_path), gguf_file=path.name, dtype=torch.float32
     ).eval()
-    llm = LLM(str(path), kv_cache_memory_gib=0.05)
-    check_parity(ref, llm, bound=INT_DOT_BOUND if qtype in INT_DOT_FORMATS else 1e-4)
+    llm = LLM(str(path), kv_cache_memory_gib=0.05, int_dot_activation_bits=bits)
+    bound = INT_DOT_BOUNDS[bits or KernelConfig.int_dot_activation_bits]
+    check_parity(ref, llm, bound=bound if qtype in INT_DOT_FORMATS else 1e-4)
     if qtype != "F32":
         return  # the tokenizer is the same in every file; transformers' GGUF conversion is slow
     hf_tok = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
     text = "Tokenizers: naïve café, 12345 digits, <|im_start|>user\n  spaces\ttabs 日本語"
     assert llm.get_tokenizer().encode(text) == hf_tok.encode(text)
-
-
-def test_gguf_parity_at_24_bit_activations(tmp_path, gguf_source):
-    """`--int-dot-activation-bits 24` keeps the logits of the float32 method's order of fp32
-    rounding (the float formats' 1e-4) on the integer-dot kernels."""
-    from transformers import AutoModelForCausalLM
-
-    path = tmp_path / "tiny-Q4_1.gguf"
-    write_gguf(gguf_source, path, "Q4_1")
-    ref = AutoModelForCausalLM.from_pretrained(
-        str(tmp_path), gguf_file=path.name, dtype=torch.float32
-    ).eval()
-    llm = LLM(str(path), kv_cache_memory_gib=0.05, int_dot_activation_bits=24)
-    check_parity(ref, llm, bound=INT_DOT_BOUNDS[24])
