@@ -3,11 +3,11 @@
 A script adds the options with `add_arguments(parser)` and, once it has its final table,
 either passes it as markdown to `write(name, text, args)` or prints it inside
 `with capture(name, args):` (what is printed there is kept as text). A plain run then leaves
-`benchmarks/results/<date>-<name>-<cpu>.md`: the date, the machine (CPU model, the flags
-that matter to the kernels, cores, memory, L3), the kernel switches the run's engines get
-(their TOKENMILL_* variables), the code (tokenmill version and commit), the exact command
-line and the table, ready to commit. `--results-dir DIR` writes it elsewhere,
-`--no-results` not at all.
+`benchmarks/results/<date>-<name>-<cpu>.md`: the date, the machine (CPU model, family and
+model numbers, the flags that matter to the kernels, cores, memory, L3), the kernel switches
+the run's engines get (their TOKENMILL_* variables), the code (tokenmill version and
+commit), the exact command line and the table, ready to commit. `--results-dir DIR` writes
+it elsewhere, `--no-results` not at all.
 """
 
 from __future__ import annotations
@@ -74,6 +74,17 @@ def memory_gib() -> float | None:
     return int(m.group(1)) / 2**20 if m else None
 
 
+def cpu_id() -> str | None:
+    """The CPU's family and model numbers (/proc/cpuinfo): what tells CPU generations apart
+    where a VM names them all alike ("AMD EPYC": family 25 is Zen 3/4, 26 Zen 5)."""
+    text = _read("/proc/cpuinfo") or ""
+    family = re.search(r"^cpu family\s*:\s*(\d+)", text, re.M)
+    model = re.search(r"^model\s*:\s*(\d+)", text, re.M)
+    if family is None or model is None:
+        return None
+    return f"family {family.group(1)}, model {model.group(1)}"
+
+
 def l3_cache() -> str | None:
     for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
         if (_read(str(index / "level")) or "").strip() == "3":
@@ -106,6 +117,7 @@ def machine_facts() -> dict[str, Any]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu": cpu_model(),
+        "cpu_id": cpu_id(),
         "cpu_flags": [f for f in KERNEL_FLAGS if f in flags],
         "cores": cores,
         "memory_gib": memory_gib(),
@@ -150,7 +162,10 @@ def render(
 ) -> str:
     """The results file's markdown."""
     load = facts.get("load_average")
-    machine = f"{facts['cpu']}, {facts['cores']} cores"
+    machine = facts["cpu"]
+    if facts.get("cpu_id"):
+        machine += f" ({facts['cpu_id']})"
+    machine += f", {facts['cores']} cores"
     if facts.get("memory_gib"):
         machine += f", {facts['memory_gib']:.0f} GiB"
     if facts.get("l3"):

@@ -15,6 +15,7 @@ from benchmarks import results
 REPO = Path(__file__).resolve().parents[2]
 FACTS = {
     "cpu": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
+    "cpu_id": "family 6, model 143",
     "cpu_flags": ["avx2", "avx512_vnni", "amx_int8"],
     "cores": 2,
     "memory_gib": 7.8,
@@ -46,7 +47,7 @@ def test_a_plain_run_writes_a_dated_file_with_machine_command_and_table(tmp_path
     text = path.read_text()
     assert text.startswith("# throughput\n")
     assert "- **date**: 2026-12-04 11:00 UTC" in text
-    assert "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz, 2 cores, 8 GiB, L3 105 MiB" in text
+    assert "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz (family 6, model 143), 2 cores, 8 GiB, L3" in text
     assert "- **CPU flags**: avx2, avx512_vnni, amx_int8" in text
     assert "tokenmill 0.1.0 (commit abc1234)" in text
     # the command as typed from the repository root, script path relative
@@ -110,6 +111,13 @@ def test_the_kernel_switches_a_run_gets_are_in_its_file(tmp_path, monkeypatch):
 def test_machine_facts_come_from_this_machine():
     facts = results.machine_facts()
     assert facts["cpu"] and facts["cores"] >= 1
+    if Path("/proc/cpuinfo").is_file():  # Linux: the generation's numbers, as cpuinfo has them
+        family = next(
+            line.split(":")[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("cpu family")
+        )
+        assert facts["cpu_id"].startswith(f"family {family}, model ")
     assert set(facts["cpu_flags"]) <= set(results.KERNEL_FLAGS)
     assert results.slug(facts["cpu"])
 
