@@ -5,11 +5,15 @@ the same bits, and the error stays within what the activation's rounding allows.
 
 from __future__ import annotations
 
+import gguf
+import numpy as np
 import pytest
 import torch
+from gguf.quants import quantize
 
 from tests.kernel_builds import KERNEL_BUILDS, kernel_build
 from tests.unit.test_native_weights import (
+    ALL_QTYPES,
     INT_DOT_QTYPES,
     int_dot,
     int_dot_cols,
@@ -17,6 +21,7 @@ from tests.unit.test_native_weights import (
     repack,
 )
 from tokenmill.kernels.build import build_kernels
+from tokenmill.model.packed import PackedWeight
 
 # the largest relative rounding of an activation value per precision: half a step of the
 # block's largest value (8 bits: 127 steps, 16: 32639, 24: 8355711), plus fp32's
@@ -75,6 +80,25 @@ def test_gemm_is_the_plain_c_reference_in_every_build(lib, qtype, bits):
     assert torch.equal(ours, gemv)
     assert torch.equal(ours, int_dot(lib, x, w, reference=True, bits=bits))
     assert torch.equal(ours, int_dot(build_kernels("x86-64"), x, w, bits=bits))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+@pytest.mark.parametrize("bits", [8, 16, 24])
+def test_blocks_past_fp32_integers_round_as_the_reference(lib, qtype, bits):
+    """Weights and activations near their blocks' largest values, of one sign within a block:
+    a Q8_0 block's integer dot product (~110 x 30000 x 32, ~2^27) is past fp32's exact
+    integers, so the build's and the reference's fp32 operations round it, and must round it
+    alike."""
+    rng = np.random.default_rng(0)
+    values = rng.uniform(0.8, 1.0, (32, 256)).astype(np.float32)
+    values[1::2] *= -1  # rows of both signs
+    data = quantize(values, gguf.GGMLQuantizationType[qtype])
+    w = PackedWeight(ALL_QTYPES[qtype], 32, 256, torch.from_numpy(np.ascontiguousarray(data)))
+    x = torch.from_numpy(rng.uniform(2.4, 3.0, (13, 256)).astype(np.float32))
+    x[::3] *= -1
+    ours = gemm(lib, x, w, bits)
+    assert torch.equal(ours, reference(lib, x, w, bits))
+    assert torch.equal(ours, int_dot(lib, x, w, bits=bits))
 
 
 @pytest.mark.parametrize("bits", [8, 16])
