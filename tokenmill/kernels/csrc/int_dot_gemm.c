@@ -22,7 +22,7 @@
 // block's exact dot product with v, and converting it rounds as the 24-bit path's
 // fma(S0, 65536, 256 S1) does, to that value over 256): scaling by a power of two is exact,
 // so the bits are the same, and the join costs two integer operations instead of two
-// conversions, a shift and an FMA (5% faster on a Zen 4 EPYC).
+// conversions, a shift and an FMA (the GEMM 6% faster on a Zen 4 EPYC).
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
