@@ -5,23 +5,20 @@ the same bits, and the error stays within what the activation's rounding allows.
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 import torch
-from gguf.quants import quantize
 
 from tests.kernel_builds import KERNEL_BUILDS, kernel_build
 from tests.unit.test_native_weights import (
-    ALL_QTYPES,
     INT_DOT_QTYPES,
     int_dot,
     int_dot_cols,
     packed,
+    quantized,
     repack,
 )
 from tokenmill.kernels.build import build_kernels
-from tokenmill.model.packed import PackedWeight
 
 # the largest relative rounding of an activation value per precision: half a step of the
 # block's largest value (8 bits: 127 steps, 16: 32639, 24: 8355711), plus fp32's
@@ -92,8 +89,7 @@ def test_blocks_past_fp32_integers_round_as_the_reference(lib, qtype, bits):
     rng = np.random.default_rng(0)
     values = rng.uniform(0.8, 1.0, (32, 256)).astype(np.float32)
     values[1::2] *= -1  # rows of both signs
-    data = quantize(values, gguf.GGMLQuantizationType[qtype])
-    w = PackedWeight(ALL_QTYPES[qtype], 32, 256, torch.from_numpy(np.ascontiguousarray(data)))
+    w = quantized(qtype, values)
     x = torch.from_numpy(rng.uniform(2.4, 3.0, (13, 256)).astype(np.float32))
     x[::3] *= -1
     ours = gemm(lib, x, w, bits)

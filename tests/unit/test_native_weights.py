@@ -53,17 +53,24 @@ def random_k_blocks(qtype: str, rows: int, cols: int, rng) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-def packed(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedWeight:
+def quantized(qtype: str, values: np.ndarray) -> PackedWeight:
+    """float32 `values` [rows, cols] quantized by gguf into a `qtype` PackedWeight."""
     import gguf
     from gguf.quants import quantize
 
+    data = quantize(values, gguf.GGMLQuantizationType[qtype])
+    rows, cols = values.shape
+    return PackedWeight(ALL_QTYPES[qtype], rows, cols, torch.from_numpy(np.ascontiguousarray(data)))
+
+
+def packed(qtype: str, rows: int, cols: int, seed: int = 0) -> PackedWeight:
     rng = np.random.default_rng(seed)
     if qtype in K_QTYPES:
         data = random_k_blocks(qtype, rows, cols, rng)
-    else:
-        values = rng.standard_normal((rows, cols)).astype(np.float32) * 0.1
-        data = quantize(values, gguf.GGMLQuantizationType[qtype])
-    return PackedWeight(ALL_QTYPES[qtype], rows, cols, torch.from_numpy(np.ascontiguousarray(data)))
+        return PackedWeight(
+            ALL_QTYPES[qtype], rows, cols, torch.from_numpy(np.ascontiguousarray(data))
+        )
+    return quantized(qtype, rng.standard_normal((rows, cols)).astype(np.float32) * 0.1)
 
 
 def call_qlinear(lib, x, w, bias, out, accumulate):
