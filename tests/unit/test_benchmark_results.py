@@ -47,7 +47,10 @@ def test_a_plain_run_writes_a_dated_file_with_machine_command_and_table(tmp_path
     text = path.read_text()
     assert text.startswith("# throughput\n")
     assert "- **date**: 2026-12-04 11:00 UTC" in text
-    assert "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz (family 6, model 143), 2 cores, 8 GiB, L3" in text
+    assert (
+        "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz (family 6, model 143), 2 cores, 8 GiB, "
+        "L3 105 MiB" in text
+    )
     assert "- **CPU flags**: avx2, avx512_vnni, amx_int8" in text
     assert "tokenmill 0.1.0 (commit abc1234)" in text
     # the command as typed from the repository root, script path relative
