@@ -1,6 +1,7 @@
 """The integer-dot kernels on one layer of the embedded model's shapes, in one run: the decode
 GEMV and the GEMM at 24, 16 and 8 bits (activations), next to torch's fp32 GEMM on the
-same weight dequantized (the float path they replace), at a few row counts; then the
+same weight dequantized (the float path they replace), at a few row counts (on CPUs with
+AMX also the 16- and 8-bit GEMM with its tiles on AMX and on AVX-512 VNNI); then the
 lm_head's greedy readout (the argmax kernel) next to computing every logit.
 
     .venv/bin/python benchmarks/int_dot_gemm.py [--threads N] [--rows 64,512]
@@ -39,6 +40,21 @@ def kernels(x, w, repacked, dense_t):
         yield f"GEMV {bits}-bit", lambda b=bits: ops.int_dot_linear(x, repacked, w, None, bits=b)
     for bits in (24, 16, 8):
         yield f"GEMM {bits}-bit", lambda b=bits: ops.int_dot_gemm(x, repacked, w, None, bits=b)
+    if ops.int_dot_amx_available():  # the 8- and 16-bit tiles on AMX, then on AVX-512 VNNI
+        for bits in (16, 8):
+            for on, tiles in ((True, "AMX"), (False, "VNNI")):
+                yield f"GEMM {bits}-bit {tiles} tiles", lambda b=bits, on=on: amx_gemm(
+                    on, x, repacked, w, b
+                )
+
+
+def amx_gemm(on: bool, x, repacked, w, bits: int):
+    """The GEMM with its tiles on AMX or not, the setting put back to on after the call."""
+    ops.set_int_dot_amx(on)
+    try:
+        return ops.int_dot_gemm(x, repacked, w, None, bits=bits)
+    finally:
+        ops.set_int_dot_amx(True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,11 +5,15 @@ the same bits, and the error stays within what the activation's rounding allows.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from tests.kernel_builds import KERNEL_BUILDS, kernel_build
+from tests.kernel_builds import AMX_EMULATED, KERNEL_BUILDS, kernel_build
 from tests.unit.test_native_weights import (
     INT_DOT_QTYPES,
     int_dot,
@@ -18,6 +22,7 @@ from tests.unit.test_native_weights import (
     quantized,
     repack,
 )
+from tokenmill import kernels
 from tokenmill.kernels.build import build_kernels
 
 # the largest relative rounding of an activation value per precision: half a step of the
@@ -25,7 +30,7 @@ from tokenmill.kernels.build import build_kernels
 BOUND = {8: 0.5 / 127 + 1e-6, 16: 0.5 / 32639 + 1e-6, 24: 2e-6}
 
 
-@pytest.fixture(scope="module", params=KERNEL_BUILDS)
+@pytest.fixture(scope="module", params=[*KERNEL_BUILDS, AMX_EMULATED])
 def lib(request):
     return kernel_build(request.param)
 
@@ -95,6 +100,16 @@ def test_blocks_past_fp32_integers_round_as_the_reference(lib, qtype, bits):
     ours = gemm(lib, x, w, bits)
     assert torch.equal(ours, reference(lib, x, w, bits))
     assert torch.equal(ours, int_dot(lib, x, w, bits=bits))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_K"])
+@pytest.mark.parametrize("bits", [8, 16])
+def test_long_rows_over_several_row_blocks_are_the_reference(lib, qtype, bits):
+    """K past 2048 (a thread's row blocks shrink to 2 tiles) and 150 rows: several row blocks,
+    each ending in a partial tile, split over 2 threads."""
+    w = packed(qtype, 32, 2560)
+    x = rows(150, w.cols, seed=3)
+    assert torch.equal(gemm(lib, x, w, bits), reference(lib, x, w, bits))
 
 
 @pytest.mark.parametrize("bits", [8, 16])
@@ -167,3 +182,22 @@ def test_native_logits_with_the_gemm_stay_near_float32(tmp_path, bits):
         (ours,) = native.generate(request, params)[0].outputs[0].logprobs
         assert abs(ours[token].logprob - expected[token].logprob) <= LOGIT_BOUND[bits]
     assert native.engine.core.kv_manager.stats.hits > hits
+
+
+def test_the_amx_build_compiles_to_tile_instructions(tmp_path):
+    """The AMX tiles' hardware half (the intrinsics, the tile permission), which runs only on
+    AMX CPUs: built for Sapphire Rapids without a warning, the GEMM's tiles are AMX
+    instructions (the AMX_EMULATED build runs the same kernel on the tiles' model)."""
+    cc = shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no gcc")
+    target = ["-march=sapphirerapids"]
+    if subprocess.run([cc, *target, "-E", "-x", "c", "-"], input="", capture_output=True).returncode:
+        pytest.skip("this gcc does not know Sapphire Rapids")
+    source = Path(kernels.__file__).parent / "csrc" / "int_dot_amx.c"
+    flags = ["-O3", "-fopenmp", "-fPIC", "-std=c11", "-Wall", "-Wextra", "-Werror"]
+    asm = tmp_path / "int_dot_amx.s"
+    subprocess.run([cc, *target, *flags, "-S", str(source), "-o", str(asm)], check=True)
+    text = asm.read_text()
+    for op in ("ldtilecfg", "tileloadd", "tdpbssd", "tilestored", "tilerelease"):
+        assert op in text, op

@@ -143,3 +143,34 @@ def test_float_copies_go_where_no_step_runs_the_gemm(method):
     scale = x.abs() @ linear.weight.dequantize().abs().t()
     assert ((got - expected).abs() <= 2e-5 * scale).all()
     assert torch.equal(other(x), other.gemm_rows(x))
+
+
+@pytest.mark.parametrize("amx_faster", [True, False])
+def test_the_gemm_tiles_run_on_amx_where_timed_faster_and_the_choice_is_stored(
+    method, tmp_path, monkeypatch, amx_faster
+):
+    """Where the build has AMX tiles, the GEMM is timed with and without them on the sample
+    layer; the faster stays set, is stored, and is read back without timing again."""
+    monkeypatch.setenv("TOKENMILL_CACHE", str(tmp_path))
+    if not ops.int_dot_amx_available():
+        assert row_kernels.amx_tiles(method.packed_linears) is None  # no tiles: nothing to set
+    setting, calls = [True], []
+    monkeypatch.setattr(ops, "int_dot_amx_available", lambda: True)
+    monkeypatch.setattr(ops, "set_int_dot_amx", lambda on: setting.__setitem__(0, on))
+    now = [0.0]
+    monkeypatch.setattr(row_kernels.time, "perf_counter", lambda: now[0])
+    sample = row_kernels.choose_sample(method.packed_linears)
+
+    def gemm(x):  # 1e-5 s a row on the faster tiles, twice that on the other
+        calls.append(setting[0])
+        now[0] += x.shape[0] * (1e-5 if setting[0] == amx_faster else 2e-5)
+
+    monkeypatch.setattr(sample, "int_dot_rows", gemm)
+    assert row_kernels.amx_tiles(method.packed_linears) is amx_faster
+    assert setting[0] is amx_faster and set(calls) == {True, False}
+    stored = row_kernels._read(row_kernels.cache_file())
+    assert stored[row_kernels.machine_key(sample) + "|amx_tiles"] is amx_faster
+    calls.clear()
+    setting[0] = not amx_faster
+    assert row_kernels.amx_tiles(method.packed_linears) is amx_faster  # read back
+    assert calls == [] and setting[0] is amx_faster

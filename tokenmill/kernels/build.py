@@ -32,6 +32,7 @@ _SOURCES = [
         "quant_kernels.c",
         "int_dot_kernels.c",
         "int_dot_gemm.c",
+        "int_dot_amx.c",
         "decode_layers.c",
         "draft_chain.c",
         "lora_kernels.c",
@@ -81,14 +82,15 @@ def load_kernels() -> ctypes.CDLL | None:
     return build_kernels("native")
 
 
-def build_kernels(march: str) -> ctypes.CDLL | None:
+def build_kernels(march: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The kernels built for `-march=<march>` ("native" for this CPU; tests build the AVX2
-    and plain x86-64 variants too), cached; None without a working compiler."""
+    and plain x86-64 variants too, and with `defines` such as TM_AMX_EMULATE), cached; None
+    without a working compiler."""
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         logger.warning("no C compiler found: using the pure-torch kernels")
         return None
-    flags = [f"-march={march}", *_FLAGS]
+    flags = [f"-march={march}", *(f"-D{name}" for name in defines), *_FLAGS]
     source = b"".join(path.read_bytes() for path in [*_SOURCES, *_HEADERS])
     key = hashlib.sha256(
         source + " ".join([cc, *flags]).encode() + _cpu_signature().encode()
@@ -145,6 +147,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_dequant_rows": [p, i32, i64, p, i64, p, i32],
         "tm_qlinear": [p, i64, i64, p, i32, i64, p, p, i32, i32],
         "tm_int_dot_kind": [],
+        "tm_int_dot_amx_available": [],
+        "tm_int_dot_set_amx": [i32],
         "tm_int_dot_supported": [i32, i64, i64],
         "tm_int_dot_repack": [p, i32, i64, i64, p],
         "tm_int_dot_repacked_bytes": [i32, i64, i64],
@@ -163,6 +167,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tm_block_bytes",
         "tm_block_values",
         "tm_int_dot_kind",
+        "tm_int_dot_amx_available",
         "tm_int_dot_supported",
     )
     for name, argtypes in signatures.items():

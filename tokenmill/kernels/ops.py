@@ -237,8 +237,20 @@ def dequant_rows(weight, ids: torch.Tensor) -> torch.Tensor:
 
 
 def int_dot_kind() -> int:
-    """The integer-dot decode GEMV this build runs: 2 AVX-512 VNNI, 1 AVX2, 0 plain C."""
+    """The integer-dot kernels this build runs: 3 AVX-512 VNNI with the GEMM's tiles on AMX,
+    2 AVX-512 VNNI, 1 AVX2, 0 plain C."""
     return load_kernels().tm_int_dot_kind()
+
+
+def int_dot_amx_available() -> bool:
+    """This build has the integer-dot GEMM's AMX tiles and the process may use them."""
+    return bool(load_kernels().tm_int_dot_amx_available())
+
+
+def set_int_dot_amx(on: bool) -> None:
+    """The integer-dot GEMM runs its 8- and 16-bit tiles on AMX (where available) or on
+    AVX-512 VNNI: the same bits either way."""
+    load_kernels().tm_int_dot_set_amx(int(on))
 
 
 def int_dot_supported(weight) -> bool:

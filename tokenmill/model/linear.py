@@ -20,7 +20,7 @@ from tokenmill.config import KernelConfig
 from tokenmill.kernels import ops
 from tokenmill.model.packed import Int8Weight, OutlierSplit, PackedStack, PackedWeight, as_float
 from tokenmill.model.prefetch import FLOAT_T, INT_DOT, ROWS, WeightPrefetch
-from tokenmill.model.row_kernels import UNLIMITED, int_dot_row_limit
+from tokenmill.model.row_kernels import UNLIMITED, amx_tiles, int_dot_row_limit
 
 logger = logging.getLogger(__name__)
 
@@ -396,8 +396,10 @@ class NativeMethod(FloatMethod):
         self.packed_linears: list[PackedLinear] = []  # for choose_row_kernels
 
     def choose_row_kernels(self) -> int:
-        """Sets up to how many rows the packed layers run the integer-dot kernel, as measured
-        for this machine (row_kernels.py), once the model is built; returns it."""
+        """Sets up to how many rows the packed layers run the integer-dot kernel, and whether
+        its GEMM runs on AMX tiles, as measured for this machine (row_kernels.py), once the
+        model is built; returns the row limit."""
+        amx_tiles(self.packed_linears)
         limit = int_dot_row_limit(
             self.packed_linears, INT_DOT_MAX_ROWS, self.kernels.int_dot_max_rows
         )

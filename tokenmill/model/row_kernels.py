@@ -16,7 +16,11 @@ the cache directory, keyed by the CPU, the kernels build, the thread count and t
 format and shape, so later starts on the machine (and its numbers) do not change with a noisy
 minute. `--int-dot-max-rows N` (or `any`; also $TOKENMILL_INT_DOT_MAX_ROWS) sets it instead
 (benchmarks' A/B switch). Where the integer-dot kernel wins at any count, the float32 copies
-kept for the GEMM are dropped (the embedded model's 525 MB)."""
+kept for the GEMM are dropped (the embedded model's 525 MB).
+
+On CPUs with AMX the integer-dot GEMM's 8- and 16-bit tiles can run on AMX tiles or on
+AVX-512 VNNI (the same bits): the first start times the GEMM both ways on the same layer and
+keeps the faster (amx_tiles), stored alike."""
 
 from __future__ import annotations
 
@@ -65,7 +69,7 @@ _SAMPLE_MAX_WEIGHTS = 4 << 20
 _REPEATS = 3
 ENV = envs.INT_DOT_MAX_ROWS.name
 # what ops.int_dot_kind() names, for reports
-INT_DOT_KINDS = {2: "avx512_vnni", 1: "avx2", 0: "plain_c"}
+INT_DOT_KINDS = {3: "avx512_vnni_amx", 2: "avx512_vnni", 1: "avx2", 0: "plain_c"}
 
 
 def row_setting(limit: int) -> int | str:
@@ -170,6 +174,45 @@ def int_dot_row_limit(
     stored[key] = limit
     _write(path, stored)
     return limit
+
+
+def amx_tiles(linears: Sequence[TimedLayer]) -> bool | None:
+    """Where the kernels build has the GEMM's AMX tiles: whether they run (set here), as
+    stored for this machine and sample layer or timed now against AVX-512 VNNI on the sample
+    (64 and 512 rows, taking turns; on where faster in total). None without the tiles."""
+    sample = choose_sample(linears)
+    if sample is None or not ops.int_dot_amx_available():
+        return None
+    key = machine_key(sample) + "|amx_tiles"
+    path = cache_file()
+    stored = _read(path)
+    if key in stored:
+        on = bool(stored[key])
+    else:
+        generator = torch.Generator().manual_seed(0)
+        totals = [0.0, 0.0]
+        for rows in (64, 512):
+            x = torch.randn(rows, sample.weight.cols, generator=generator)
+            times = _best_times(
+                lambda x: _with_amx(True, sample.int_dot_rows, x),
+                lambda x: _with_amx(False, sample.int_dot_rows, x),
+                x,
+            )
+            totals = [totals[0] + times[0], totals[1] + times[1]]
+        on = totals[0] < totals[1]
+        logger.info(
+            "integer-dot GEMM tiles on %s (%s; ms AMX/VNNI at 64 + 512 rows: %.2f/%.2f)",
+            "AMX" if on else "AVX-512 VNNI", key, totals[0] * 1e3, totals[1] * 1e3,
+        )  # fmt: skip
+        stored[key] = on
+        _write(path, stored)
+    ops.set_int_dot_amx(on)
+    return on
+
+
+def _with_amx(on: bool, kernel: Callable[[torch.Tensor], object], x: torch.Tensor) -> object:
+    ops.set_int_dot_amx(on)
+    return kernel(x)
 
 
 def _read(path: Path) -> dict:

@@ -145,6 +145,17 @@ static inline GroupFn int_dot_group_planes(int P) {
     return P == 1 ? int_dot_group_fast_high : P == 2 ? int_dot_group_fast_two : int_dot_group_fast;
 }
 
+// The GEMM's 8- and 16-bit tiles on AMX (int_dot_amx.c): ready where this build has them,
+// the process may use the tiles and tm_int_dot_set_amx left them on; begin / end configure
+// and release a thread's tiles.
+#define AMX_ROWS 16  // activation rows per AMX tile
+int int_dot_amx_ready(void);
+void int_dot_amx_begin(void);
+void int_dot_amx_end(void);
+void int_dot_amx_pad_rows(const IntRows* q, int64_t M, int64_t padded, int64_t K);
+void int_dot_amx_tile(int qt, int P, const uint8_t* gw, int64_t nb, const IntRows* q,
+                      int64_t rows, int64_t K, float out[][GROUP]);
+
 #if defined(__AVX512F__)
 // fp16 d[16] at sup times the 16 scale bytes at sc (unsigned: Q4_K's, else int8): the same
 // fp32 products as block_scale's.

@@ -197,42 +197,52 @@ static void int_dot_gemm(Run run, const float* x, int64_t M, int64_t K, const ui
     const int P = planes_of(bits);  // the digit planes that run
     // Q6_K (two scales a block) runs the GEMV's tiles at every precision
     const int tiled = run == RUN_FAST && P < 3 && qt != QT_Q6_K;
-    const int64_t tile_rows = tiled ? TILE_ROWS : MAX_ROWS;
+    const int amx = tiled && int_dot_amx_ready();  // the tiles on AMX: 16 rows each
+    const int64_t tile_rows = amx ? AMX_ROWS : tiled ? TILE_ROWS : MAX_ROWS;
     // rows a thread runs each of its groups over at a time: their digits stay in L2
     const int64_t block = tile_rows * (K <= 2048 ? ROW_TILES : ROW_TILES / 4);
+    const int64_t padded = amx ? (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS : M;
     void* buffer;
-    IntRows q = int_dot_alloc_rows(M, K, &buffer);
+    IntRows q = int_dot_alloc_rows(padded, K, &buffer);
     int_dot_quantize_rows(x, M, K, &q, precision_of(bits), needs_psums(qt), nthreads);
+    if (amx) int_dot_amx_pad_rows(&q, M, padded, K);
     int8_t* chunks = NULL;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    if (tiled) {  // the tiles read their rows from chunks (elsewhere from q)
+    if (tiled && !amx) {  // the tiles read their rows from chunks (elsewhere from q)
         chunks = malloc((size_t)((M + TILE_ROWS - 1) / TILE_ROWS * nb * CHUNK(P)));
         pack_rows(&q, P, M, K, chunks, nthreads);
     }
 #endif
 #pragma omp parallel num_threads(nthreads)
-    for (int64_t b0 = 0; b0 < M; b0 += block) {
-        const int64_t b1 = M - b0 < block ? M : b0 + block;
+    {
+        if (amx) int_dot_amx_begin();
+        for (int64_t b0 = 0; b0 < M; b0 += block) {
+            const int64_t b1 = M - b0 < block ? M : b0 + block;
 #pragma omp for schedule(static) nowait
-        for (int64_t g = 0; g < N / GROUP; g++) {
-            float out[TILE_ROWS > MAX_ROWS ? TILE_ROWS : MAX_ROWS][GROUP];
-            for (int64_t m0 = b0; m0 < b1; m0 += tile_rows) {
-                const int64_t rows = b1 - m0 < tile_rows ? b1 - m0 : tile_rows;
-                const IntRows rows_q = {q.planes + 3 * m0 * K, q.scale + m0 * nb,
-                                        q.sum + m0 * nb, q.psum + PSUMS * m0 * nb};
-                const uint8_t* gw = w + g * group_bytes(qt, nb);
-                if (tiled)
-                    tile(qt, P, gw, nb, &rows_q,
-                         chunks ? chunks + m0 / TILE_ROWS * nb * CHUNK(P) : NULL, rows, K, out);
-                else if (run == RUN_FAST)
-                    int_dot_group_fast(qt, gw, nb, &rows_q, rows, K, out);
-                else
-                    int_dot_group_c(qt, gw, nb, &rows_q, rows, K, out);
-                for (int64_t m = 0; m < rows; m++)
-                    store_group(out[m], bias ? bias + g * GROUP : zeros, accumulate,
-                                y + (m0 + m) * N + g * GROUP);
+            for (int64_t g = 0; g < N / GROUP; g++) {
+                float out[AMX_ROWS][GROUP];  // the most rows of any tile
+                for (int64_t m0 = b0; m0 < b1; m0 += tile_rows) {
+                    const int64_t rows = b1 - m0 < tile_rows ? b1 - m0 : tile_rows;
+                    const IntRows rows_q = {q.planes + 3 * m0 * K, q.scale + m0 * nb,
+                                            q.sum + m0 * nb, q.psum + PSUMS * m0 * nb};
+                    const uint8_t* gw = w + g * group_bytes(qt, nb);
+                    if (amx)
+                        int_dot_amx_tile(qt, P, gw, nb, &rows_q, rows, K, out);
+                    else if (tiled)
+                        tile(qt, P, gw, nb, &rows_q,
+                             chunks ? chunks + m0 / TILE_ROWS * nb * CHUNK(P) : NULL, rows, K,
+                             out);
+                    else if (run == RUN_FAST)
+                        int_dot_group_fast(qt, gw, nb, &rows_q, rows, K, out);
+                    else
+                        int_dot_group_c(qt, gw, nb, &rows_q, rows, K, out);
+                    for (int64_t m = 0; m < rows; m++)
+                        store_group(out[m], bias ? bias + g * GROUP : zeros, accumulate,
+                                    y + (m0 + m) * N + g * GROUP);
+                }
             }
         }
+        if (amx) int_dot_amx_end();
     }
     free(chunks);
     free(buffer);

@@ -37,10 +37,11 @@ static inline int supported(int qt) {
     return qt == QT_Q4_0 || qt == QT_Q4_1 || qt == QT_Q8_0 || qt == QT_Q4_K || qt == QT_Q6_K;
 }
 
-// Which implementation this build runs: 2 AVX-512 VNNI, 1 AVX2 (VNNI emulated), 0 plain C.
+// Which implementation this build runs: 3 AVX-512 VNNI with the GEMM's tiles on AMX, 2
+// AVX-512 VNNI, 1 AVX2 (VNNI emulated), 0 plain C.
 int tm_int_dot_kind(void) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    return 2;
+    return int_dot_amx_ready() ? 3 : 2;
 #elif defined(__AVX2__)
     return 1;
 #else
