@@ -190,3 +190,19 @@ def test_gelu_tanh_mul_is_torchs_and_the_same_in_every_build(march):
         row[0, 37:] = 1.0
         lib.tm_gelu_tanh_mul_rows(row.data_ptr(), 1, 37, shifted.data_ptr(), 1)
         assert torch.equal(shifted, shifted[0, :1].expand(1, 37)), j
+
+
+def test_a_failed_build_logs_the_compiler_s_errors_and_falls_back(tmp_path, monkeypatch, caplog):
+    """The sources compile side by side, then link: a compiler that fails leaves no library
+    (the engine runs pure torch) and its errors in the log, and nothing in the cache."""
+    from tokenmill.kernels.build import build_kernels
+
+    compiler = tmp_path / "cc"
+    compiler.write_text("#!/bin/sh\necho \"cc: error: no room for $#\" >&2\nexit 1\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    monkeypatch.setenv("TOKENMILL_CACHE", str(tmp_path / "cache"))
+    with caplog.at_level("WARNING", logger="tokenmill.kernels.build"):
+        assert build_kernels("native") is None
+    assert "kernel build failed" in caplog.text and "cc: error: no room for" in caplog.text
+    assert not list((tmp_path / "cache").rglob("*.so"))
