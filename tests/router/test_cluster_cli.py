@@ -39,7 +39,7 @@ def test_cluster_command_serves_and_shuts_down(tmp_path):
                     break
             except httpx.HTTPError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert info is not None and len(info["replicas"]) == 2
         assert httpx.get(url + "/v1/models").status_code == 401
         assert httpx.get(url + "/health").status_code == 200

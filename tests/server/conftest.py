@@ -70,7 +70,7 @@ def start_server(tmp_path, *extra: str, ready_timeout: float = 180) -> ServerPro
                 return server
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)
     server.stop()
     raise RuntimeError(f"server not ready in {ready_timeout}s:\n{server.log()}")
 

@@ -450,7 +450,7 @@ def test_healthy_after_fuzzing(fuzz_server):
         waiting = _metric(text, "tokenmill:num_requests_waiting")
         if (running, waiting) == (0, 0) or time.monotonic() > deadline:
             break
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert (running, waiting) == (0, 0), f"not idle after fuzzing: {running=} {waiting=}"
     r = httpx.post(
         f"{base}/v1/chat/completions",

@@ -111,7 +111,7 @@ def wait_ready(replicas: list[ReplicaProcess], timeout_s: float = 300.0) -> None
         if pending and time.monotonic() > deadline:
             raise RuntimeError(f"replicas not ready in {timeout_s:g}s: {pending[0].log_tail()}")
         if pending:
-            time.sleep(0.5)
+            time.sleep(0.1)
 
 
 def start_cluster(
