@@ -36,6 +36,19 @@ def lib(request):
 
 
 def gemm(lib, x, w, bits, bias=None, out=None, threads=2) -> torch.Tensor:
+    """The build's GEMM; where it has AMX tiles (the hardware's, or AMX_EMULATED's model),
+    run with them and with its AVX-512 VNNI tiles, which must give the same bits."""
+    if not lib.tm_int_dot_amx_available():
+        return run_gemm(lib, x, w, bits, bias, out, threads)
+    both = []
+    for on in (0, 1):
+        lib.tm_int_dot_set_amx(on)
+        both.append(run_gemm(lib, x, w, bits, bias, None if out is None else out.clone(), threads))
+    torch.testing.assert_close(both[0], both[1], rtol=0, atol=0, equal_nan=True)
+    return both[1] if out is None else out.copy_(both[1])
+
+
+def run_gemm(lib, x, w, bits, bias=None, out=None, threads=2) -> torch.Tensor:
     accumulate = out is not None
     if out is None:
         out = torch.empty(x.shape[0], w.rows)
