@@ -100,18 +100,28 @@ typedef struct {  // LDTILECFG's 64 bytes (palette 1)
     uint8_t rows[16];
 } TileConfig;
 
+// gcc's tile loads (and LDTILECFG, beyond its first 8 bytes) do not tell the compiler they
+// read memory: a barrier before each keeps the operand's stores (the staged weights, the
+// configuration) ahead of it. The software model cannot show this; it reads memory as C does.
+#define AMX_BARRIER() __asm__ volatile("" ::: "memory")
+
 static inline void amx_configure(void) {
     TileConfig cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     memcpy(cfg.rows, amx_rows, sizeof amx_rows);
     memcpy(cfg.colsb, amx_colsb, sizeof amx_colsb);
+    AMX_BARRIER();
     _tile_loadconfig(&cfg);
 }
 
 static inline void amx_release(void) { _tile_release(); }
 
-#define TILE_LOAD(t, base, stride) _tile_loadd(t, base, stride)
+#define TILE_LOAD(t, base, stride)    \
+    do {                              \
+        AMX_BARRIER();                \
+        _tile_loadd(t, base, stride); \
+    } while (0)
 #define TILE_STORE(t, base, stride) _tile_stored(t, base, stride)
 #define TILE_ZERO(t) _tile_zero(t)
 #define TILE_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
