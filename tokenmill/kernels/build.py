@@ -27,19 +27,22 @@ from tokenmill.cache_dirs import cache_root
 logger = logging.getLogger(__name__)
 _SOURCES = [
     Path(__file__).parent / "csrc" / name
-    for name in (
-        "cpu_kernels.c",
-        "decode_attention.c",
-        "quant_kernels.c",
-        "int_dot_kernels.c",
+    for name in (  # the longest to compile first (they compile side by side)
+        "int_dot_group_p3.c",
+        "int_dot_group_p2.c",
         "int_dot_gemm.c",
-        "int_dot_amx.c",
+        "int_dot_group_p1.c",
+        "quant_kernels.c",
+        "decode_attention.c",
+        "decode_attention_f16.c",
+        "int_dot_kernels.c",
+        "cpu_kernels.c",
+        "prefill_attention.c",
+        "prefill_attention_f16.c",
+        "lora_kernels.c",
         "decode_layers.c",
         "draft_chain.c",
-        "lora_kernels.c",
-        "prefill_attention.c",
-        "decode_attention_f16.c",
-        "prefill_attention_f16.c",
+        "int_dot_amx.c",
     )
 ]
 _HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))  # part of the cache key

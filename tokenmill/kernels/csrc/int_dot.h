@@ -1,5 +1,5 @@
 // The integer-dot kernels' shared layout (int_dot_kernels.c: repack, activation rows, the
-// 8-row GEMV tiles; int_dot_gemm.c: the GEMM over many rows).
+// GEMV; int_dot_groups.h: its 8-row tiles; int_dot_gemm.c: the GEMM over many rows).
 #pragma once
 #include <stdint.h>
 #include <string.h>
@@ -133,6 +133,9 @@ IntRows int_dot_alloc_rows(int64_t M, int64_t K, void** buffer);
 // three planes), this build's fastest, and its high plane only.
 void int_dot_group_c(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                      int64_t K, float out[][GROUP]);
+// ... on the leading `planes` planes only (the builds without a vector body)
+void int_dot_group_c_planes(int qt, int planes, const uint8_t* gw, int64_t nb, const IntRows* q,
+                            int64_t M, int64_t K, float out[][GROUP]);
 void int_dot_group_fast(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,
                         int64_t K, float out[][GROUP]);
 void int_dot_group_fast_high(int qt, const uint8_t* gw, int64_t nb, const IntRows* q, int64_t M,

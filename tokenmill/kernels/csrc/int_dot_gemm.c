@@ -71,7 +71,7 @@ static void pack_rows(const IntRows* q, int P, int64_t M, int64_t K, int8_t* out
 }
 
 // acc + the u8 x s8 dot products of w's dwords with the dword at x in every lane (the
-// broadcast folded into the instruction, as in int_dot_kernels.c).
+// broadcast folded into the instruction, as in int_dot_groups.h).
 ALWAYS_INLINE __m512i dpbusd_bcst(__m512i acc, __m512i w, const int8_t* x) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t*)x));
     return acc;
