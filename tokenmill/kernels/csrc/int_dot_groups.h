@@ -11,7 +11,9 @@
 
 #include "int_dot.h"
 
-#if GROUP_PLANES == 1
+#if !defined(GROUP_PLANES)
+#error "int_dot_groups.h: define GROUP_PLANES (1, 2 or 3) before including it"
+#elif GROUP_PLANES == 1
 #define GROUP_FN int_dot_group_fast_high
 #elif GROUP_PLANES == 2
 #define GROUP_FN int_dot_group_fast_two
