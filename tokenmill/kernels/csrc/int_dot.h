@@ -191,6 +191,18 @@ ALWAYS_INLINE __m512 block_mins_512(const uint8_t* blk, int qt, const uint8_t* s
     return qt == QT_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(at + 2 * GROUP)))
                          : _mm512_setzero_ps();
 }
+
+// A block's term for a row's 16 outputs, block_term_c's fp32 operations on 16 lanes: x is the
+// block's exact integer sums as fp32, s the row's scale (times any power of two x left out),
+// sum its scale * sum of x_int and neg8sum -8 * sum (Q4_0). Every AVX-512 body (the GEMV's,
+// the GEMM's, the AMX tiles') adds its blocks with it, so they give the same bits.
+ALWAYS_INLINE __m512 block_term_512(int qt, __m512 x, float s, float sum, float neg8sum,
+                                    __m512 d, __m512 mn, __m512 acc) {
+    if (qt == QT_Q4_0)
+        return _mm512_fmadd_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(s), _mm512_set1_ps(neg8sum)), d, acc);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(x, _mm512_set1_ps(s)), d, acc);
+    return has_min(qt) ? _mm512_fmadd_ps(mn, _mm512_set1_ps(sum), acc) : acc;
+}
 #endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)

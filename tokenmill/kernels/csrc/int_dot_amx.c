@@ -91,8 +91,8 @@ ALWAYS_INLINE void stage_weights(const uint8_t* blk, int qt, int8_t* wb) {
                                                       : w[j]);
 }
 
-// Block b's contribution to the 16 rows' accumulators from its products s: the AVX-512
-// tiles' fp32 operations (int_dot_gemm.c).
+// Block b's contribution to the 16 rows' accumulators from its products s (block_term_512,
+// as the AVX-512 tiles add theirs).
 ALWAYS_INLINE void block_terms(int qt, int P, const uint8_t* gw, int64_t nb, int64_t b,
                                const IntRows* q, int32_t s[2][AMX_ROWS][GROUP], __m512 acc[]) {
     const float pow2 = P == 1 ? 65536.0f : 256.0f;  // the power of two x_int's digits leave out
@@ -104,15 +104,8 @@ ALWAYS_INLINE void block_terms(int qt, int P, const uint8_t* gw, int64_t nb, int
         const int64_t at = m * nb + b;
         __m512i S = _mm512_load_si512(s[0][m]);
         if (P == 2) S = _mm512_add_epi32(_mm512_slli_epi32(S, 8), _mm512_load_si512(s[1][m]));
-        const __m512 x = _mm512_cvtepi32_ps(S);
-        const __m512 f = _mm512_set1_ps(q->scale[at] * pow2);
-        if (qt == QT_Q4_0) {
-            const __m512 g = _mm512_fmadd_ps(x, f, _mm512_set1_ps(-8.0f * q->sum[at]));
-            acc[m] = _mm512_fmadd_ps(g, d, acc[m]);
-        } else {
-            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(x, f), d, acc[m]);
-            if (has_min(qt)) acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(q->sum[at]), acc[m]);
-        }
+        acc[m] = block_term_512(qt, _mm512_cvtepi32_ps(S), q->scale[at] * pow2, q->sum[at],
+                                -8.0f * q->sum[at], d, mn, acc[m]);
     }
 }
 

@@ -116,15 +116,8 @@ ALWAYS_INLINE void tile_avx512_t(int qt, int P, int ROWS, const uint8_t* gw, int
                 if (qt == QT_Q8_0) S1 = _mm512_sub_epi32(S1, _mm512_set1_epi32(off[TILE_ROWS + m]));
                 x = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(S0, 8), S1));
             }
-            if (qt == QT_Q4_0) {
-                const __m512 g = _mm512_fmadd_ps(x, _mm512_set1_ps(f[m]),
-                                                 _mm512_set1_ps(f[2 * TILE_ROWS + m]));
-                acc[m] = _mm512_fmadd_ps(g, d, acc[m]);
-            } else {
-                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(x, _mm512_set1_ps(f[m])), d, acc[m]);
-                if (has_min(qt))
-                    acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(f[TILE_ROWS + m]), acc[m]);
-            }
+            acc[m] = block_term_512(qt, x, f[m], f[TILE_ROWS + m], f[2 * TILE_ROWS + m], d, mn,
+                                    acc[m]);
         }
     }
     for (int m = 0; m < ROWS; m++) _mm512_storeu_ps(out[m], acc[m]);

@@ -112,14 +112,7 @@ ALWAYS_INLINE void group_avx512_t(int qt, int planes, const uint8_t* gw, int64_t
             }
             const __m512 f = planes_to_f512(S);
             const float s = q->scale[m * nb + b], sum = q->sum[m * nb + b];
-            if (qt == QT_Q4_0) {
-                const __m512 g = _mm512_fmadd_ps(f, _mm512_set1_ps(s), _mm512_set1_ps(-8.0f * sum));
-                acc[m] = _mm512_fmadd_ps(g, d, acc[m]);
-            } else {
-                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(f, _mm512_set1_ps(s)), d, acc[m]);
-                if (has_min(qt))
-                    acc[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sum), acc[m]);
-            }
+            acc[m] = block_term_512(qt, f, s, sum, -8.0f * sum, d, mn, acc[m]);
         }
     }
     for (int64_t m = 0; m < M; m++) _mm512_storeu_ps(out[m], acc[m]);
