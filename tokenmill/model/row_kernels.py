@@ -160,10 +160,10 @@ def int_dot_row_limit(
     if sample is None:
         return floor
     key = machine_key(sample)
-    path = cache_file()
-    stored = _read(path)
-    if key in stored:
-        return int(stored[key])
+    return int(_stored_or_measured(key, lambda: _measure_row_limit(sample, floor, key)))
+
+
+def _measure_row_limit(sample: TimedLayer, floor: int, key: str) -> int:
     limit, timings = measure_limit(sample.int_dot_rows, sample.gemm_rows, sample.weight.cols, floor)
     logger.info(
         "integer-dot kernel up to %s rows (%s; ms int-dot/GEMM by rows: %s)",
@@ -171,8 +171,6 @@ def int_dot_row_limit(
         key,
         ", ".join(f"{m}: {a * 1e3:.2f}/{b * 1e3:.2f}" for m, a, b in timings),
     )
-    stored[key] = limit
-    _write(path, stored)
     return limit
 
 
@@ -184,35 +182,43 @@ def amx_tiles(linears: Sequence[TimedLayer]) -> bool | None:
     if sample is None or not ops.int_dot_amx_available():
         return None
     key = machine_key(sample) + "|amx_tiles"
-    path = cache_file()
-    stored = _read(path)
-    if key in stored:
-        on = bool(stored[key])
-    else:
-        generator = torch.Generator().manual_seed(0)
-        totals = [0.0, 0.0]
-        for rows in (64, 512):
-            x = torch.randn(rows, sample.weight.cols, generator=generator)
-            times = _best_times(
-                lambda x: _with_amx(True, sample.int_dot_rows, x),
-                lambda x: _with_amx(False, sample.int_dot_rows, x),
-                x,
-            )
-            totals = [totals[0] + times[0], totals[1] + times[1]]
-        on = totals[0] < totals[1]
-        logger.info(
-            "integer-dot GEMM tiles on %s (%s; ms AMX/VNNI at 64 + 512 rows: %.2f/%.2f)",
-            "AMX" if on else "AVX-512 VNNI", key, totals[0] * 1e3, totals[1] * 1e3,
-        )  # fmt: skip
-        stored[key] = on
-        _write(path, stored)
+    on = bool(_stored_or_measured(key, lambda: _time_amx_tiles(sample, key)))
     ops.set_int_dot_amx(on)
+    return on
+
+
+def _time_amx_tiles(sample: TimedLayer, key: str) -> bool:
+    generator = torch.Generator().manual_seed(0)
+    totals = [0.0, 0.0]
+    for rows in (64, 512):
+        x = torch.randn(rows, sample.weight.cols, generator=generator)
+        times = _best_times(
+            lambda x: _with_amx(True, sample.int_dot_rows, x),
+            lambda x: _with_amx(False, sample.int_dot_rows, x),
+            x,
+        )
+        totals = [totals[0] + times[0], totals[1] + times[1]]
+    on = totals[0] < totals[1]
+    logger.info(
+        "integer-dot GEMM tiles on %s (%s; ms AMX/VNNI at 64 + 512 rows: %.2f/%.2f)",
+        "AMX" if on else "AVX-512 VNNI", key, totals[0] * 1e3, totals[1] * 1e3,
+    )  # fmt: skip
     return on
 
 
 def _with_amx(on: bool, kernel: Callable[[torch.Tensor], object], x: torch.Tensor) -> object:
     ops.set_int_dot_amx(on)
     return kernel(x)
+
+
+def _stored_or_measured(key: str, measure: Callable[[], object]) -> object:
+    """This machine's answer stored under `key` (cache_file), else measure()'s, stored."""
+    path = cache_file()
+    stored = _read(path)
+    if key not in stored:
+        stored[key] = measure()
+        _write(path, stored)
+    return stored[key]
 
 
 def _read(path: Path) -> dict:
