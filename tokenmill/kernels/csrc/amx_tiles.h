@@ -29,8 +29,20 @@
 #endif
 
 #if defined(AMX_BODY)
-static const uint8_t amx_rows[8] = {16, 16, 16, 16, 8, 8, 16, 16};
-static const uint16_t amx_colsb[8] = {64, 64, 32, 32, 64, 64, 64, 64};
+typedef struct {  // LDTILECFG's 64 bytes (palette 1)
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+// The tile shapes, as constant data: LDTILECFG reads them (no stores for the compiler to
+// order around it), and the software model checks every operand against them
+static const TileConfig amx_config __attribute__((aligned(64))) = {
+    .palette = 1,
+    .colsb = {64, 64, 32, 32, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 8, 8, 16, 16},
+};
+_Static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
 
 #if defined(TM_AMX_EMULATE)
 typedef struct {
@@ -43,8 +55,8 @@ static _Thread_local EmulatedTiles emulated;
 
 static inline void amx_configure(void) {
     memset(&emulated, 0, sizeof emulated);
-    memcpy(emulated.rows, amx_rows, sizeof amx_rows);
-    memcpy(emulated.colsb, amx_colsb, sizeof amx_colsb);
+    memcpy(emulated.rows, amx_config.rows, sizeof emulated.rows);
+    memcpy(emulated.colsb, amx_config.colsb, sizeof emulated.colsb);
     emulated.configured = 1;
 }
 
@@ -94,26 +106,12 @@ static inline void amx_dpbssd(int c, int a, int b) {
 #else
 #include <immintrin.h>
 
-typedef struct {  // LDTILECFG's 64 bytes (palette 1)
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
-// gcc's tile loads (and LDTILECFG, beyond its first 8 bytes) do not tell the compiler they
-// read memory: a barrier before each keeps the operand's stores (the staged weights, the
-// configuration) ahead of it. The software model cannot show this; it reads memory as C does.
+// gcc's tile loads do not tell the compiler they read memory: a barrier before each keeps
+// the operand's stores (the staged weights) ahead of it. The software model cannot show
+// this; it reads memory as C does.
 #define AMX_BARRIER() __asm__ volatile("" ::: "memory")
 
-static inline void amx_configure(void) {
-    TileConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    memcpy(cfg.rows, amx_rows, sizeof amx_rows);
-    memcpy(cfg.colsb, amx_colsb, sizeof amx_colsb);
-    AMX_BARRIER();
-    _tile_loadconfig(&cfg);
-}
+static inline void amx_configure(void) { _tile_loadconfig(&amx_config); }
 
 static inline void amx_release(void) { _tile_release(); }
 
