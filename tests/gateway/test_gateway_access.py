@@ -186,3 +186,38 @@ def test_a_key_sees_only_its_own_usage(harness):
             assert sorted(row["requests"] for row in everyone) == [1, 3]
 
     run(main())
+
+
+def test_batch_lines_run_as_their_key_and_wait_for_its_rate_limits(harness):
+    """A batch line goes through the gateway as the key that made the batch (models, ledger);
+    a revoked key's lines are refused; a rate-limited key's lines wait for their turn."""
+    from tokenmill.gateway.batch_lines import run_line_as_key
+
+    async def main():
+        gw = harness.gateway
+        key, key_id = await harness.new_key(rpm=2, models=["m"])
+        owner = "gateway-key:" + key_id
+        other = {**CHAT, "model": "other"}
+        line = await run_line_as_key(gw, None, owner, "/v1/chat/completions", other, "b-0")
+        assert line.status == 403 and line.body["error"]["code"] == "model_not_allowed"
+        for request_id in ("b-1", "b-2"):
+            line = await run_line_as_key(gw, None, owner, "/v1/chat/completions", CHAT, request_id)
+            assert line.status == 200 and line.body["usage"]["total_tokens"] > 0
+        stored = gw.keys.check_id(key_id).key
+        wait = gw.limiter.ready_in(stored, gw.config.defaults)
+        assert 25 < wait <= 30  # two requests of rpm 2 taken: the next in ~30 s
+        assert gw.limiter.ready_in(stored, gw.config.defaults) == pytest.approx(wait, abs=1)
+        free, free_id = await harness.new_key()
+        assert gw.limiter.ready_in(gw.keys.check_id(free_id).key, gw.config.defaults) == 0
+        async with harness.client(ADMIN_KEY) as admin:
+            assert (await admin.delete(f"/admin/keys/{free_id}")).status_code == 200
+        gone = "gateway-key:" + free_id
+        line = await run_line_as_key(gw, None, gone, "/v1/chat/completions", CHAT, "b-4")
+        assert line.status == 401 and line.body["error"]["code"] == "invalid_api_key"
+        line = await run_line_as_key(gw, None, "someone", "/v1/chat/completions", CHAT, "b-5")
+        assert line.status == 401
+        rows = harness.ledger_rows()
+        assert sorted((r[0], r[1], r[6]) for r in rows) == [
+            ("b-0", key_id, 403), ("b-1", key_id, 200), ("b-2", key_id, 200)]  # fmt: skip
+
+    run(main())

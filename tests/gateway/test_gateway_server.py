@@ -331,6 +331,80 @@ def test_stored_objects_belong_to_their_key(gw):
         assert again.status_code == 200  # the owner is the key, not its secret
 
 
+def test_a_user_key_reaches_the_api_and_the_rest_takes_the_admin_key(gw):
+    """Adapters, caches, engine state and paths the gateway does not know are the admin's: a
+    user key gets 403 there (fail closed), the admin key gets through."""
+    key, _ = new_key(gw, name="paths")
+    user = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=gw.base_url, timeout=60) as h, admin(gw) as a:
+        for method, path, body in (
+            ("POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/etc"}),
+            ("POST", "/v1/unload_lora_adapter", {"lora_name": "x"}),
+            ("POST", "/reset_prefix_cache", None),
+            ("GET", "/server_info", None),
+            ("GET", "/kv_cache", None),
+            ("GET", "/v1/no_such_route", None),
+        ):
+            reply = h.request(method, path, json=body, headers=user)
+            assert reply.status_code == 403, (path, reply.text)
+            assert reply.json()["error"]["code"] == "admin_key_required"
+            assert h.request(method, path, json=body).status_code == 401
+        assert a.get("/server_info").status_code == 200
+        assert a.post("/reset_prefix_cache").status_code == 200
+        tokens = h.post("/tokenize", json={"model": MODEL, "prompt": "hi"}, headers=user)
+        assert tokens.status_code == 200
+        assert h.get(f"/v1/models/{MODEL}", headers=user).status_code == 200
+        assert h.get("/ui/api/series", headers=user).status_code == 200
+
+
+def run_batch(gw, key: str, lines: int) -> dict[str, dict]:
+    """A chat batch of `lines` lines under `key`, run to its end: custom_id -> response."""
+    c = client(gw, key)
+    body = {"model": MODEL, "max_tokens": 4, "temperature": 0}
+    jsonl = "\n".join(
+        json.dumps({"custom_id": f"l{i}", "method": "POST", "url": "/v1/chat/completions",
+                    "body": {**body, "messages": [{"role": "user", "content": f"Count to {i}."}]}})
+        for i in range(lines)
+    )  # fmt: skip
+    file = c.files.create(file=("in.jsonl", jsonl.encode()), purpose="batch")
+    batch = c.batches.create(
+        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.time() + 120
+    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        assert time.time() < deadline, batch
+        time.sleep(0.2)
+        batch = c.batches.retrieve(batch.id)
+    out = {}
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        if file_id:
+            for text in c.files.content(file_id).text.splitlines():
+                line = json.loads(text)
+                out[line["custom_id"]] = line["response"]
+    assert sorted(out) == [f"l{i}" for i in range(lines)]
+    return out
+
+
+def test_batch_lines_meet_their_key_s_models_budget_and_ledger(gw):
+    """A batch runs later, inside the server: each line still goes through the gateway as the
+    key that made the batch, as that key's requests would."""
+    limited, _ = new_key(gw, models=["another-model"])
+    assert {r["status_code"] for r in run_batch(gw, limited, 2).values()} == {403}
+    spent, _ = new_key(gw, budget_usd=1e-12)
+    answers = run_batch(gw, spent, 3).values()
+    assert {(r["status_code"], r["body"]["error"]["code"]) for r in answers} == {
+        (429, "budget_exceeded")}  # fmt: skip
+    metered, metered_id = new_key(gw)
+    answers = run_batch(gw, metered, 3)
+    assert {r["status_code"] for r in answers.values()} == {200}
+    told = [sum(r["body"]["usage"][k] for r in answers.values())
+            for k in ("prompt_tokens", "completion_tokens")]  # fmt: skip
+    with httpx.Client(base_url=gw.base_url, headers={"Authorization": f"Bearer {metered}"}) as h:
+        own = h.get("/v1/usage", params={"group_by": "key"}).json()["data"]
+    assert [(r["key_id"], r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in own] == [
+        (metered_id, 3, *told)]  # fmt: skip
+
+
 def test_bad_bodies_get_4xx_and_the_gateway_keeps_serving(gw):
     from tests.gateway.test_gateway_hostile import BAD_BODIES
 

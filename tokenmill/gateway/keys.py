@@ -81,9 +81,18 @@ class KeyRing:
         key = self.by_hash.get(digest)
         if key is None or not hmac.compare_digest(key.key_hash, digest):
             return KeyState(None, "unknown")
-        now = time.time() if now is None else now
-        if key.revoked_at is not None and key.revoked_at <= now:
-            return KeyState(key, "revoked")
-        if key.expires_at is not None and key.expires_at <= now:
-            return KeyState(key, "expired")
-        return KeyState(key, None)
+        return _live(key, now)
+
+    def check_id(self, key_id: str, now: float | None = None) -> KeyState:
+        """As check, for the key with this id: a batch's lines run as the key that made it."""
+        key = next((k for k in self.by_hash.values() if k.id == key_id), None)
+        return KeyState(None, "unknown") if key is None else _live(key, now)
+
+
+def _live(key: StoredKey, now: float | None) -> KeyState:
+    now = time.time() if now is None else now
+    if key.revoked_at is not None and key.revoked_at <= now:
+        return KeyState(key, "revoked")
+    if key.expires_at is not None and key.expires_at <= now:
+        return KeyState(key, "expired")
+    return KeyState(key, None)

@@ -108,6 +108,20 @@ class Limiter:
             else:
                 await asyncio.shield(usage.loading)
 
+    def ready_in(self, key: StoredKey, defaults: KeyDefaults, now: float | None = None) -> float:
+        """Seconds until the key's rate limits would admit a request (0: now), taking nothing:
+        a batch line waits this long instead of being refused for them."""
+        now = time.monotonic() if now is None else now
+        usage = self._usage(key.id)
+        parallel = key.max_parallel if key.max_parallel is not None else defaults.max_parallel
+        if parallel is not None and usage.in_flight >= parallel:
+            return 1.0
+        wait = 0.0
+        for bucket, amount in ((usage.rpm, 1.0), (usage.tpm, 1e-9)):
+            if bucket is not None:
+                wait = max(wait, bucket.wait_for(amount, now))
+        return wait
+
     def admit(
         self, key: StoredKey, defaults: KeyDefaults, estimate_usd: float, now: float | None = None
     ) -> Admission | Rejection:

@@ -1,9 +1,10 @@
 """The gateway as pure ASGI middleware, the same in front of the server and the router:
-open paths pass; /admin and /v1/usage are answered here; every other path needs a live key
-(401 otherwise, in the OpenAI envelope); generation requests go through an Exchange. The web
-UI's data (/ui/api/...) also takes the admin key, so its dashboard can show the admin API,
-and so does a router's cluster control (/cluster...). The gateway's background tasks (key
-refresh, config reload) belong to the app's lifespan, which starts and stops them."""
+open paths pass; /admin and /v1/usage are answered here; the API's paths (USER_PATHS) need
+a live key (401 otherwise, in the OpenAI envelope) and generation requests go through an
+Exchange. Every other path (loading adapters, resetting caches, engine and router state,
+cluster control, any path not listed) takes the admin key: a user key gets 403. The web
+UI's data (/ui/api/...) takes either. The gateway's background tasks (key refresh, config
+reload) belong to the app's lifespan, which starts and stops them."""
 
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ ADAPTERS = {
     "/v1/embeddings": EmbeddingsAdapter(),
 }
 _STORED_RESPONSE = re.compile(r"/v1/responses/[^/]+")
+# what a user key reaches: the OpenAI API, the tokenizer, the UI's data (fail closed: a path
+# not matched here, known or not, is the admin's)
+USER_PATHS = re.compile(
+    r"/v1/(chat/completions|completions|embeddings|models(/[^/]+)+|models"
+    r"|responses(/[^/]+(/cancel|/input_items)?)?"
+    r"|files(/[^/]+(/content)?)?|batches(/[^/]+(/cancel)?)?)"
+    r"|/(tokenize|detokenize|tokenizer_info|version|health|metrics)|/ui/api/[a-z_]+"
+)
+KEY_OWNER_PREFIX = "gateway-key:"  # stored objects' owner: "gateway-key:<key id>"
 _MESSAGES = {
     "missing": "Missing API key: send 'Authorization: Bearer KEY'.",
     "unknown": "Incorrect API key provided.",
@@ -52,17 +62,22 @@ class GatewayMiddleware:
             return await self.admin(scope, receive, send)
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         state = gw.keys.check(bearer_token(header))
+        user_path = USER_PATHS.fullmatch(path) is not None
         if state.problem is not None:
             if path == "/v1/usage" and is_admin(gw, header):
                 return await self.admin(scope, receive, send)
-            admin_too = path.startswith(("/ui/api/", "/cluster/")) or path == "/cluster"
-            if admin_too and is_admin(gw, header):  # dashboard data, the router's cluster control
+            admin_path = not user_path or path.startswith("/ui/api/")
+            if admin_path and is_admin(gw, header):  # the admin's paths, the dashboard's data
                 return await self.app(scope, receive, send)
             gw.metrics.unauthorized.labels(state.problem).inc()
             return await _unauthorized(send, _MESSAGES[state.problem])
+        if not user_path and path != "/v1/usage":
+            gw.metrics.unauthorized.labels("admin_only").inc()
+            message = f"{path[:200]} takes the gateway's admin key"
+            return await _refuse(403, message, "permission_error", send, "admin_key_required")
         # the app's owner of stored objects (responses, files, batches): this key, by id, so
         # keys never see each other's objects and a rotated key keeps its own
-        owner = "gateway-key:" + state.key.id
+        owner = KEY_OWNER_PREFIX + state.key.id
         scope = {
             **scope,
             "state": {**(scope.get("state") or {}), "gateway_key": state.key, "owner": owner},
@@ -81,16 +96,13 @@ class GatewayMiddleware:
 
 
 async def _unauthorized(send, message: str) -> None:
-    body = json.dumps(error_body(message, INVALID_REQUEST, code="invalid_api_key")).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"www-authenticate", b"Bearer"),
-            ],
-        }
-    )
+    await _refuse(401, message, INVALID_REQUEST, send, "invalid_api_key")
+
+
+async def _refuse(status: int, message: str, type_: str, send, code: str | None = None) -> None:
+    body = json.dumps(error_body(message, type_, code=code)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -99,6 +99,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await stack.enter_async_context(_serving(app))
         await stack.enter_async_context(responses.lifespan(app.state.responses))
         if app.state.batch is not None:
+            runner = app.state.batch.runner
+            runner.app, runner.gateway = app, getattr(app.state, "gateway", None)
             await stack.enter_async_context(batch_service.lifespan(app.state.batch))
         yield
 

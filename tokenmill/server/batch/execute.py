@@ -32,11 +32,13 @@ RETRY_CODES = ("server_busy", "server_shutting_down", "engine_dead")
 
 
 class LineNotRun(Exception):
-    """The line could not run now; nothing is recorded for it."""
+    """The line could not run now; nothing is recorded for it. `retry_after_s`: it may run
+    after this long (its key's rate limit)."""
 
-    def __init__(self, error: APIError) -> None:
+    def __init__(self, error: APIError, retry_after_s: float | None = None) -> None:
         super().__init__(error.message)
         self.error = error
+        self.retry_after_s = retry_after_s
 
 
 class _Detached:
@@ -65,9 +67,18 @@ def sequences(body: dict[str, Any]) -> int:
 
 
 async def run_line(
-    state: ServerState, url: str, body: dict[str, Any], request_id: str, priority: int
+    state: ServerState,
+    url: str,
+    body: dict[str, Any],
+    request_id: str,
+    priority: int,
+    gateway: Any = None,
+    owner: str = "",
+    app: Any = None,
 ) -> LineResult:
-    """The line's HTTP status and JSON body; LineNotRun when it could not run now."""
+    """The line's HTTP status and JSON body; LineNotRun when it could not run now. With a
+    gateway, the line goes through it into `app` as the batch's owner (its key's limits and
+    ledger)."""
     model, handler = HANDLERS[url]
     try:
         req = model.model_validate(body)
@@ -77,6 +88,9 @@ async def run_line(
     if getattr(req, "stream", False):
         err = bad_request("stream: is not supported in a batch", param="stream")
         return LineResult(err.status, err.body())
+    if gateway is not None:
+        body = {**body, "priority": max(req.priority, priority)}
+        return await _through_gateway(gateway, app, owner, url, body, request_id)
     req = req.model_copy(update={"priority": max(req.priority, priority)})  # never ahead
     try:
         response = await handler(state, req, _Detached(), request_id)
@@ -89,3 +103,17 @@ async def run_line(
         err = APIError(500, f"internal error: {type(e).__name__}", "internal_server_error")
         return LineResult(500, err.body())
     return LineResult(response.status_code, json.loads(response.body))
+
+
+async def _through_gateway(
+    gateway: Any, app: Any, owner: str, url: str, body: dict[str, Any], request_id: str
+) -> LineResult:
+    from tokenmill.gateway.batch_lines import run_line_as_key
+
+    answer = await run_line_as_key(gateway, app, owner, url, body, request_id)
+    error = answer.body.get("error") if isinstance(answer.body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    if answer.retry_after_s is not None or (answer.status == 503 and code in RETRY_CODES):
+        message = error.get("message", "") if isinstance(error, dict) else ""
+        raise LineNotRun(APIError(answer.status, message, code=code), answer.retry_after_s)
+    return LineResult(answer.status, answer.body)

@@ -48,6 +48,9 @@ class BatchRunner:
         self.cancels: dict[str, asyncio.Event] = {}
         self.interrupted: dict[str, asyncio.Event] = {}  # a line could not run now
         self._watch: asyncio.Task | None = None
+        # the app and its gateway, when it has one: lines then run through it as their key
+        self.app = None
+        self.gateway = None
 
     async def start(self) -> None:
         """Resumes what a previous server left unfinished."""
@@ -163,7 +166,7 @@ class BatchRunner:
                     seqs = sequences(item.body)
                     if not await self.limiter.acquire(seqs, stop):
                         break
-                    task = asyncio.create_task(self._line(batch_id, item, seqs))
+                    task = asyncio.create_task(self._line(batch_id, owner, item, seqs))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
             while pending and not stop.is_set():
@@ -181,20 +184,22 @@ class BatchRunner:
             raise _Interrupted()
         return outcome
 
-    async def _line(self, batch_id: str, item: InputLine, seqs: int) -> None:
+    async def _line(self, batch_id: str, owner: str, item: InputLine, seqs: int) -> None:
         request_id = f"{batch_id}-{item.line}"
         try:
             while True:
                 try:
                     result = await run_line(
-                        self.state, item.url, item.body, request_id, self.config.priority
-                    )
+                        self.state, item.url, item.body, request_id, self.config.priority,
+                        self.gateway, owner, self.app,
+                    )  # fmt: skip
                     break
                 except LineNotRun as e:
-                    if e.error.code != "server_busy" or self.state.draining:
+                    waits = e.error.code == "server_busy" or e.retry_after_s is not None
+                    if not waits or self.state.draining:
                         self.interrupted[batch_id].set()
                         return
-                    await asyncio.sleep(_BUSY_RETRY_S)
+                    await asyncio.sleep(e.retry_after_s or _BUSY_RETRY_S)
             line = result_line(item.custom_id, result.status_code, request_id, result.body)
             ok = result.status_code == 200
             write = asyncio.ensure_future(
