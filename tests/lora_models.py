@@ -17,8 +17,11 @@ ADAPTERS = [
 ]
 
 
-def make_peft_adapter(base_dir: Path, out: Path, rank: int, alpha: int, targets, seed: int):
-    """A PEFT LoRA folder with random A and B (B is zero at PEFT's default init: not here)."""
+def make_peft_adapter(
+    base_dir: Path, out: Path, rank: int, alpha: int, targets, seed: int, **config
+):
+    """A PEFT LoRA folder with random A and B (B is zero at PEFT's default init: not here);
+    `config`: more LoraConfig fields (alpha_pattern, rank_pattern, use_rslora, ...)."""
     import transformers
     from peft import LoraConfig, get_peft_model
 
@@ -26,7 +29,7 @@ def make_peft_adapter(base_dir: Path, out: Path, rank: int, alpha: int, targets,
     torch.manual_seed(seed)
     config = LoraConfig(
         r=rank, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False,
-        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", **config,
     )  # fmt: skip
     model = get_peft_model(base, config)
     with torch.no_grad():  # deltas big enough to move the logits, small enough to stay sane

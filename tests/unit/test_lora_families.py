@@ -57,6 +57,28 @@ def test_adapters_on_each_family_equal_peft(family, tmp_path):
         assert out.outputs[0].token_ids[0] == int(ref[-1].argmax())
 
 
+def test_pattern_keys_match_as_peft_matches_them(tmp_path):
+    """alpha_pattern / rank_pattern keys are matched, as PEFT matches them, against the end of
+    the module's name in the model (whole dotted parts; a key may be a regular expression)."""
+    base = save_hf_folder(make_family_model("qwen3"), tmp_path / "qwen3")
+    patterns = dict(
+        alpha_pattern={"layers.1.self_attn.q_proj": 32, "model.layers.0.self_attn.v_proj": 2,
+                       r"mlp\.(down|up)_proj": 5},
+        rank_pattern={"model.layers.1.mlp.down_proj": 2},
+    )  # fmt: skip
+    targets = ["q_proj", "v_proj", "up_proj", "down_proj"]
+    adapter = make_peft_adapter(base, tmp_path / "p", 4, 8, targets, seed=5, **patterns)
+    llm = LLM(str(base), kv_cache_memory_gib=0.05, max_lora_rank=8,
+              lora_modules=(f"p={adapter}",))  # fmt: skip
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    ids = PROMPTS[0]
+    out = llm.generate([{"prompt_token_ids": ids}], params, lora_name=["p"])[0]
+    ref = _peft_logprobs(base, adapter, ids)
+    got = [out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))]
+    want = [float(ref[i - 1, ids[i]]) for i in range(1, len(ids))]
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+
+
 def test_adapters_on_experts_or_missing_modules_are_refused_by_name(tmp_path):
     from tokenmill.engine.lora_manager import LoRAManager
 

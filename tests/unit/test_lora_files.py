@@ -94,6 +94,29 @@ def test_bad_tensors_are_refused_naming_the_layer(folder, tmp_path):
         load_lora("x", str(bad))
 
 
+def test_a_corrupt_weights_file_is_refused_by_name(folder, tmp_path):
+    data = (folder / "adapter_model.safetensors").read_bytes()
+    for i, junk in enumerate((data[: len(data) // 2], b"\xff" * 64, b"")):
+        bad = _copy(folder, tmp_path / str(i))
+        (bad / "adapter_model.safetensors").write_bytes(junk)
+        with pytest.raises(ValueError, match="adapter_model.safetensors: not a safetensors file"):
+            load_lora("x", str(bad))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_weights_are_refused_naming_the_layer(folder, tmp_path, value):
+    from tokenmill.model.lora import check_lora
+
+    tensors = load_file(str(folder / "adapter_model.safetensors"))
+    key = next(k for k in tensors if k.endswith("v_proj.lora_B.weight"))
+    poisoned = tensors[key].clone()
+    poisoned[0, 0] = value
+    adapter = load_lora("x", str(_copy(folder, tmp_path, tensors={**tensors, key: poisoned})))
+    shapes = {m: (a.shape[1], b.shape[0]) for (_, m), (a, b) in adapter.deltas.items()}
+    with pytest.raises(ValueError, match=r"layers\.\d+\.v_proj holds NaN or infinite weights"):
+        check_lora(adapter, shapes, num_layers=64, max_rank=64)
+
+
 def test_weights_beyond_float16_are_refused_under_float16(folder, tmp_path, tiny_llama_dir):
     """Over a quantized base the adapters are float16 (--lora-dtype auto): one whose weights
     float16 cannot hold is refused naming the flag, and the loaded ones keep serving."""

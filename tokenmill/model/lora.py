@@ -79,13 +79,15 @@ def _load_peft(name: str, folder: Path) -> LoRAAdapter:
     ):
         if not ok:
             raise ValueError(f"{key}: {config.get(key)!r} is not supported (plain LoRA only)")
-    pairs = _pairs(_peft_tensors(folder), _PEFT_KEY, "AB", lambda m: m)
+    tensors = _peft_tensors(folder)
+    pairs = _pairs(tensors, _PEFT_KEY, "AB", lambda m: m)
     alpha = float(config.get("lora_alpha", config.get("r", 8)))
     alpha_pattern = config.get("alpha_pattern") or {}
+    names = _module_names(tensors)
     deltas = {}
     for (layer, module), (a, b) in pairs.items():
-        r = a.shape[0]
-        a_alpha = _pattern_value(alpha_pattern, layer, module, alpha)
+        r = a.shape[0]  # rank_pattern's rank where it sets one
+        a_alpha = _pattern_value(alpha_pattern, names[(layer, module)], alpha)
         scale = a_alpha / math.sqrt(r) if config.get("use_rslora") else a_alpha / r
         deltas[(layer, module)] = (a.float().contiguous(), (b.float() * scale).contiguous())
     return LoRAAdapter(name, str(folder), deltas)
@@ -98,7 +100,10 @@ def _peft_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
     weights_file = folder / "adapter_model.safetensors"
     if weights_file.exists():
-        return load_file(str(weights_file))
+        try:
+            return load_file(str(weights_file))
+        except Exception as e:  # safetensors' own error for a truncated or foreign file
+            raise ValueError(f"adapter_model.safetensors: not a safetensors file ({e})") from None
     legacy = folder / "adapter_model.bin"
     if legacy.exists():
         try:
@@ -111,11 +116,28 @@ def _peft_tensors(folder: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"lora_path: {weights_file} is missing")
 
 
-def _pattern_value(patterns: dict, layer: int, module: str, default: float) -> float:
-    """PEFT's alpha_pattern: a key matching the module's name (or its end) overrides."""
-    full = f"model.layers.{layer}.{module}"
+def _module_names(tensors: dict) -> dict[tuple[int, str], str]:
+    """(layer, module) -> the module's name in the base model as PEFT saw it when it matched
+    the config's patterns ("model.layers.1.self_attn.q_proj"), from the tensors' keys."""
+    names = {}
+    for key in tensors:
+        m = _PEFT_KEY.fullmatch(key)
+        if m is not None and m.group(3) == "A":
+            names[(int(m.group(1)), m.group(2))] = key[: key.index(".lora_A")].removeprefix(
+                "base_model.model."
+            )
+    return names
+
+
+def _pattern_value(patterns: dict, name: str, default: float) -> float:
+    """PEFT's alpha_pattern: the first key that matches the end of the module's name (whole
+    dotted parts; a key is a regular expression) overrides."""
     for key, value in patterns.items():
-        if re.fullmatch(rf"(.*\.)?{key}", full) or key == module:
+        try:
+            found = re.match(rf"(.*\.)?({key})$", name)
+        except re.error as e:
+            raise ValueError(f"alpha_pattern: {key!r} is not a regular expression ({e})") from None
+        if found:
             return float(value)
     return default
 
@@ -192,6 +214,10 @@ def check_lora(
             f"server's --max-lora-rank {max_rank}"
         )
     for (layer, module), (a, b) in adapter.deltas.items():
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise ValueError(
+                f"adapter {adapter.name!r}: layers.{layer}.{module} holds NaN or infinite weights"
+            )
         if layer >= num_layers:
             raise ValueError(
                 f"base_model: adapter {adapter.name!r} has layer {layer}; the base has {num_layers}"
