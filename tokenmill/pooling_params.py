@@ -14,7 +14,9 @@ class PoolingParams:
     the last token's (decoder models), the mean over every token, or the first (CLS)."""
 
     pooling_type: str | None = None  # None: the model's own (its sentence-transformers config)
-    normalize: bool = True  # L2-normalised, as OpenAI's embeddings are
+    # L2-normalised; None: as the model's own pooling (sentence-transformers' Normalize module;
+    # decoder models and folders without modules.json: yes, as OpenAI's embeddings are)
+    normalize: bool | None = None
     dimensions: int | None = None  # Matryoshka: the first n values (normalised after the cut)
 
     def __post_init__(self) -> None:

@@ -21,17 +21,26 @@ TEXTS = [
 ]
 
 
-@pytest.mark.parametrize("pooling", ["mean", "cls"])
-def test_bert_equals_sentence_transformers(tmp_path, pooling):
+@pytest.mark.parametrize("pooling,normalize", [("mean", True), ("cls", True), ("cls", False)])
+def test_bert_equals_sentence_transformers(tmp_path, pooling, normalize):
+    """The folder's own pooling and Normalize module (or its absence), and a prompt that
+    fills the whole context (an embedding generates nothing: no position is kept back)."""
     from sentence_transformers import SentenceTransformer
 
     folder = tmp_path / f"bert-{pooling}"
-    make_bert_folder(folder, pooling)
-    reference = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    make_bert_folder(folder, pooling, normalize=normalize)
+    st = SentenceTransformer(str(folder), device="cpu")
+    longest = " ".join(["fox"] * 126)  # [CLS] + 126 + [SEP]: the 128 positions
+    texts = [*TEXTS, longest]
+    reference = st.encode(texts, convert_to_tensor=True).float()
     llm = LLM(str(folder), kv_cache_memory_gib=0.02)
-    vectors = torch.tensor([o.outputs.embedding for o in llm.embed(TEXTS)])
-    assert F.cosine_similarity(vectors, reference.float()).min() >= 0.99999
-    assert torch.allclose(vectors.norm(dim=1), torch.ones(len(TEXTS)), atol=1e-5)
+    assert len(llm.get_tokenizer().encode(longest)) == 128 == llm.engine.max_model_len
+    vectors = torch.tensor([o.outputs.embedding for o in llm.embed(texts)])
+    assert torch.allclose(vectors, reference, rtol=1e-4, atol=1e-5)
+    norms = vectors.norm(dim=1)
+    assert torch.allclose(norms, torch.ones(len(texts)), atol=1e-5) == normalize
+    with pytest.raises(ValueError, match="129 tokens do not fit the context length of 128"):
+        llm.embed([longest + " fox"])
 
 
 def test_bert_equals_transformers_pooling(tmp_path):

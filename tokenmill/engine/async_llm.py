@@ -218,7 +218,7 @@ class AsyncLLM:
         assert self.processor is not None, "call start() first"
         encoder_only = (self.engine_info.get("pooling") or {}).get("encoder_only", False)
         for r in requests:
-            self.processor.validate(r.prompt_token_ids, r.params)
+            self.processor.validate(r.prompt_token_ids, r.params, r.pooling_params is not None)
             if encoder_only and r.pooling_params is None:
                 raise ValueError(
                     "model: this is an encoder (embedding) model; it serves /v1/embeddings only"

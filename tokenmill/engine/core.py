@@ -331,7 +331,12 @@ class EngineCore:
     # ------------------------------------------------------------ requests
 
     def add_request(self, req: EngineCoreRequest) -> None:
-        validate_prompt(req.prompt_token_ids, self.vocab_size, self.max_model_len)
+        validate_prompt(
+            req.prompt_token_ids,
+            self.vocab_size,
+            self.max_model_len,
+            req.pooling_params is not None,
+        )
         validate_params(req.sampling_params, self.vocab_size)
         pooling = self.pooling.resolve(req.pooling_params)
         if req.lora_name is not None:

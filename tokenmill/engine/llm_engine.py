@@ -53,7 +53,7 @@ class LLMEngine:
         lora_name: str | None = None,
     ) -> None:
         text, token_ids = self.processor.tokenize_prompt(prompt)
-        self.processor.validate(token_ids, params)
+        self.processor.validate(token_ids, params, pooling_params is not None)
         child_ids = self.output_processor.add_request(request_id, text, token_ids, params)
         try:
             for req in self.processor.make_requests(

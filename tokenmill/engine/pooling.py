@@ -15,6 +15,7 @@ from tokenmill.pooling_params import PoolingParams
 @dataclass(frozen=True)
 class ModelPooling:
     default_type: str  # the model's pooling: its sentence-transformers config, else LAST/CLS
+    default_normalize: bool  # its config's Normalize module (no config: normalised)
     hidden_size: int  # the most `dimensions` a request may ask for
     encoder_only: bool  # an encoder (BERT) serves pooling requests and nothing else
 
@@ -22,7 +23,7 @@ class ModelPooling:
     def for_model(cls, path: Path, hidden_size: int, encoder_only: bool) -> ModelPooling:
         fallback = "CLS" if encoder_only else "LAST"  # vLLM's defaults for the two kinds
         config = read_pooling_config(path, fallback)
-        return cls(config.pooling_type, hidden_size, encoder_only)
+        return cls(config.pooling_type, config.normalize, hidden_size, encoder_only)
 
     def resolve(self, params: PoolingParams | None) -> PoolingParams | None:
         """The request's pooling with the model's defaults in; ValueError naming the field
@@ -37,9 +38,11 @@ class ModelPooling:
             raise ValueError(
                 f"dimensions: {params.dimensions} is more than this model's {self.hidden_size}"
             )
-        if params.pooling_type is None:
-            return dataclasses.replace(params, pooling_type=self.default_type)
-        return params
+        return dataclasses.replace(
+            params,
+            pooling_type=params.pooling_type or self.default_type,
+            normalize=self.default_normalize if params.normalize is None else params.normalize,
+        )
 
     def to_info(self) -> dict:
         return dataclasses.asdict(self)

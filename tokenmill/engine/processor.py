@@ -80,6 +80,8 @@ class InputProcessor:
             )
         return reqs
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
+    def validate(
+        self, prompt_token_ids: list[int], params: SamplingParams, pooling: bool = False
+    ) -> None:
+        validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len, pooling)
         validate_params(params, self.vocab_size)

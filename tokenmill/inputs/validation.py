@@ -14,13 +14,18 @@ def first_outside(token_ids: list[int] | tuple[int, ...], vocab_size: int) -> in
     return next(t for t in token_ids if not 0 <= t < vocab_size)
 
 
-def validate_prompt(prompt_token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
+def validate_prompt(
+    prompt_token_ids: list[int], vocab_size: int, max_model_len: int, pooling: bool = False
+) -> None:
+    """`pooling`: an embedding request, which generates nothing (its prompt may fill the
+    context)."""
     if not prompt_token_ids:
         raise ValueError("prompt: must not be empty")
-    if len(prompt_token_ids) >= max_model_len:
+    if len(prompt_token_ids) > max_model_len - (0 if pooling else 1):
+        why = "" if pooling else " (at least one token must remain for the output)"
         raise ValueError(
             f"prompt: {len(prompt_token_ids)} tokens do not fit the context length of "
-            f"{max_model_len} tokens (at least one token must remain for the output)"
+            f"{max_model_len} tokens{why}"
         )
     bad = first_outside(prompt_token_ids, vocab_size)
     if bad is not None:

@@ -27,8 +27,8 @@ class EmbeddingRequest(APIModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, le=INT32_MAX)
     user: str | None = None
-    # vLLM's extension: False returns the raw pooled state
-    normalize: bool = True
+    # vLLM's extension: False returns the raw pooled state (default: the model's own pooling)
+    normalize: bool | None = None
 
 
 def encode_vector(vector: list[float], encoding_format: str) -> list[float] | str:
