@@ -118,6 +118,19 @@ def test_typed_flags_make_the_config_as_keywords_do():
     assert (config.kernel_config.int_dot, config.kernel_config.int_dot_max_rows) == (False, "any")
 
 
+def test_lora_flags_that_contradict_each_other_are_refused():
+    def config(*flags: str) -> EngineConfig:
+        argv = ["serve", *flags]
+        return EngineArgs.from_cli_args(build_parser().parse_args(argv)).create_engine_config()
+
+    assert config("--lora", "a=/p").enable_lora is False  # on through --lora
+    assert config("--lora", "a=/p").lora_modules == ("a=/p",)
+    assert config("--enable-lora").enable_lora is True
+    assert config("--no-enable-lora").enable_lora is False
+    with pytest.raises(ValueError, match="--no-enable-lora turns LoRA off, and --lora needs it"):
+        config("--lora", "a=/p", "--no-enable-lora")
+
+
 def test_llm_takes_the_fields_as_keywords():
     with pytest.raises(TypeError, match="not_a_setting"):
         LLM(not_a_setting=1)

@@ -148,9 +148,10 @@ class EngineArgs:
         "model (a PEFT folder or a GGUF LoRA file; repeat for more)", flag="--lora",
         kind="append", metavar="NAME=PATH",
     )  # fmt: skip
-    enable_lora: bool = option(
+    enable_lora: bool | None = option(
         "enable_lora", "LoRA adapters may be loaded at run time (POST /v1/load_lora_adapter); "
-        "on whenever --lora is given", kind="toggle",
+        "on whenever --lora is given (--no-enable-lora with --lora is refused)", default=None,
+        kind="toggle",
     )  # fmt: skip
     max_loras: int = option("max_loras", "LoRA adapters one batch may mix")
     max_lora_rank: int = option("max_lora_rank", "adapters of a higher rank are refused")
@@ -300,6 +301,8 @@ class EngineArgs:
     def create_engine_config(self) -> EngineConfig:
         if self.record_traffic_max_mib < 1:
             raise ValueError("record-traffic-max-mib: must be >= 1")
+        if self.enable_lora is False and self.lora_modules:
+            raise ValueError("enable-lora: --no-enable-lora turns LoRA off, and --lora needs it")
         sections = self._settings()
         scheduler = sections["scheduler_config"]
         if self.long_prefill_token_threshold is None and self.kv_role == "prefill":
