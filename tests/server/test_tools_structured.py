@@ -105,6 +105,33 @@ def test_named_tool_choice_and_single_call(client):
     assert streamed == calls
 
 
+def test_a_call_cut_by_max_tokens_is_returned_as_far_as_it_got(client):
+    """A forced call the token limit cuts: the call, its name and the arguments so far, with
+    finish_reason "length", the same whole and streamed (not an empty tool_calls)."""
+    kwargs = dict(
+        model=MODEL, messages=ASK, tools=TOOLS, temperature=0.0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )  # fmt: skip
+    whole = client.chat.completions.create(max_tokens=200, **kwargs)
+    assert whole.choices[0].finish_reason == "tool_calls"
+    cut = client.chat.completions.create(max_tokens=whole.usage.completion_tokens - 3, **kwargs)
+    choice = cut.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    args = call.function.arguments
+    assert args.startswith("{")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(args)
+    streamed = ""
+    for chunk in client.chat.completions.create(
+        stream=True, max_tokens=whole.usage.completion_tokens - 3, **kwargs
+    ):
+        for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            streamed += tc.function.arguments or ""
+    assert streamed == args
+
+
 def test_tool_results_round_trip(client):
     first = client.chat.completions.create(
         model=MODEL,

@@ -186,14 +186,17 @@ class _ChatOutput:
                     parser.feed(text)
                     parser.finish()
                     parsed = parser.result()
-                # a call cut off or malformed is never returned as a call
-                calls = [tc for tc in parsed.tool_calls if tc.valid]
+                # a call the token limit cut off is returned as far as it got, as it was
+                # streamed (finish_reason "length"; its arguments are not whole JSON); one
+                # cut otherwise is not returned, and a malformed one stayed content
+                cut = c.finish_reason == "length"
+                calls = [tc for tc in parsed.tool_calls if tc.valid or cut]
                 calls = calls if self.parallel else calls[:1]
                 if parsed.tool_calls:  # whitespace around calls is no content (as streamed)
                     message[co.CONTENT] = parsed.content if parsed.content.strip() else None
-                message[co.TOOL_CALLS] = [
-                    co.tool_call(_call_id(), tc.name, tc.arguments) for tc in calls
-                ]
+                    message[co.TOOL_CALLS] = [
+                        co.tool_call(_call_id(), tc.name, tc.arguments) for tc in calls
+                    ]
             finish = finish_reason(c.finish_reason, bool(calls))
             choices.append(
                 co.chat_choice(
