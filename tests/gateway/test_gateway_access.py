@@ -198,10 +198,10 @@ def test_batch_lines_run_as_their_key_and_wait_for_its_rate_limits(harness):
         key, key_id = await harness.new_key(rpm=2, models=["m"])
         owner = "gateway-key:" + key_id
         other = {**CHAT, "model": "other"}
-        line = await run_line_as_key(gw, None, owner, "/v1/chat/completions", other, "b-0")
+        line = await run_line_as_key(gw, owner, "/v1/chat/completions", other, "b-0")
         assert line.status == 403 and line.body["error"]["code"] == "model_not_allowed"
         for request_id in ("b-1", "b-2"):
-            line = await run_line_as_key(gw, None, owner, "/v1/chat/completions", CHAT, request_id)
+            line = await run_line_as_key(gw, owner, "/v1/chat/completions", CHAT, request_id)
             assert line.status == 200 and line.body["usage"]["total_tokens"] > 0
         stored = gw.keys.check_id(key_id).key
         wait = gw.limiter.ready_in(stored, gw.config.defaults)
@@ -212,9 +212,9 @@ def test_batch_lines_run_as_their_key_and_wait_for_its_rate_limits(harness):
         async with harness.client(ADMIN_KEY) as admin:
             assert (await admin.delete(f"/admin/keys/{free_id}")).status_code == 200
         gone = "gateway-key:" + free_id
-        line = await run_line_as_key(gw, None, gone, "/v1/chat/completions", CHAT, "b-4")
+        line = await run_line_as_key(gw, gone, "/v1/chat/completions", CHAT, "b-4")
         assert line.status == 401 and line.body["error"]["code"] == "invalid_api_key"
-        line = await run_line_as_key(gw, None, "someone", "/v1/chat/completions", CHAT, "b-5")
+        line = await run_line_as_key(gw, "someone", "/v1/chat/completions", CHAT, "b-5")
         assert line.status == 401
         rows = harness.ledger_rows()
         assert sorted((r[0], r[1], r[6]) for r in rows) == [

@@ -405,6 +405,32 @@ def test_batch_lines_meet_their_key_s_models_budget_and_ledger(gw):
         (metered_id, 3, *told)]  # fmt: skip
 
 
+def test_the_classifier_rule_asks_the_served_model(tmp_path):
+    """A model-based guardrail under `serve`: the judge's request reaches the served model (a
+    judge that cannot be asked is a classifier_error, here set to block)."""
+    rule = {"name": "no-cats", "scanner": "classifier", "positive": "yes", "threshold": 0.5,
+            "prompt": "Is this about cats? Answer yes or no.\n\n{text}", "action": "block",
+            "on_error": "block", "stages": ["input"]}  # fmt: skip
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({
+        "admin_key_sha256": CONFIG["admin_key_sha256"], "database": str(tmp_path / "gw.sqlite3"),
+        "journal": str(tmp_path / "journal"), "guardrails": {"rules": [rule]}}))  # fmt: skip
+    srv = start_server(tmp_path, "--gateway-config", str(path))
+    try:
+        key, _ = new_key(srv)
+        for text in ("tell me about dogs", "my cat sleeps all day"):
+            try:
+                chat_text(client(srv, key), False, messages=[{"role": "user", "content": text}],
+                          max_tokens=2)  # fmt: skip
+            except BadRequestError as e:  # the judge said yes
+                assert e.body["code"] == "guardrail_blocked"
+        with admin(srv) as a:
+            events = a.get("/admin/guardrail_events").json()["data"]
+        assert not [e for e in events if "classifier_error" in e["matched_text"]], events
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]
+
+
 def test_bad_bodies_get_4xx_and_the_gateway_keeps_serving(gw):
     from tests.gateway.test_gateway_hostile import BAD_BODIES
 

@@ -26,10 +26,9 @@ class LineAnswer:
 
 
 async def run_line_as_key(
-    gateway, app, owner: str, url: str, body: dict[str, Any], request_id: str
+    gateway, owner: str, url: str, body: dict[str, Any], request_id: str
 ) -> LineAnswer:
-    """`body` sent to `url` of `app` (the server) as the key that owns the batch (`owner`,
-    "gateway-key:<id>")."""
+    """`body` sent to `url` as the key that owns the batch (`owner`, "gateway-key:<id>")."""
     key_id = owner.removeprefix(KEY_OWNER_PREFIX)
     state = gateway.keys.check_id(key_id) if owner.startswith(KEY_OWNER_PREFIX) else None
     if state is None or state.problem is not None:
@@ -43,7 +42,7 @@ async def run_line_as_key(
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
         "scheme": "http", "path": url, "raw_path": url.encode(), "root_path": "",
-        "query_string": b"", "client": None, "server": None, "app": app,
+        "query_string": b"", "client": None, "server": None, "app": gateway.root_app,
         "headers": [(b"content-type", b"application/json"),
                     (b"content-length", str(len(data)).encode())],
         "state": {"request_id": request_id, "gateway_key": state.key, "owner": owner},

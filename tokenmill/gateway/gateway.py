@@ -46,6 +46,9 @@ class Gateway:
         self.limiter = Limiter(self._spend_since)
         self.metrics = GatewayMetrics(registry, self.ledger.pending)
         self.app = None  # the inner ASGI app (set by the middleware)
+        # the server's or router's app: its routes read it from the scope (request.app), which
+        # requests the gateway makes itself (the judge, batch lines) must carry
+        self.root_app = None
         self._tasks: list[asyncio.Task] = []
         self._derive()
 
@@ -149,6 +152,17 @@ class Gateway:
 
         return await asyncio.to_thread(spend)
 
+    async def call_inner(self, scope, receive, send) -> None:
+        """A request of the gateway's own to the inner app, with what the outer layers give
+        every request filled in (the scope's app, a request id)."""
+        state = scope.get("state") or {}
+        scope = {
+            **scope,
+            "app": scope.get("app", self.root_app),
+            "state": {"request_id": self.new_request_id(), **state},
+        }
+        await self.app(scope, receive, send)
+
     # ------------------------------------------------------------ the judge
 
     def judge_for(self, model: str):
@@ -169,7 +183,7 @@ class Gateway:
                 "logprobs": True,
                 "top_logprobs": 20,
             }
-            transport = httpx.ASGITransport(app=self.app)
+            transport = httpx.ASGITransport(app=self.call_inner)
             async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
                 reply = await client.post("/v1/chat/completions", json=body, timeout=timeout)
             reply.raise_for_status()

@@ -98,6 +98,7 @@ def _add_middleware(
             max_body_bytes=router.config.max_body_bytes,
         )
         app.state.gateway = gateway
+        gateway.root_app = app
         app.add_middleware(GatewayMiddleware, gateway=gateway)
     elif api_key is not None:
         app.add_middleware(

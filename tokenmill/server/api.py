@@ -85,6 +85,7 @@ def _add_middleware(app: FastAPI, settings: ServerSettings, metrics) -> None:
             settings.gateway_config, registry=registry, max_body_bytes=settings.max_body_bytes
         )
         app.state.gateway = gateway
+        gateway.root_app = app
         app.add_middleware(GatewayMiddleware, gateway=gateway)
     # the pages load without a key, their data needs one
     app.add_middleware(StaticUI, key_required=bool(settings.api_key or settings.gateway_config))
@@ -99,8 +100,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await stack.enter_async_context(_serving(app))
         await stack.enter_async_context(responses.lifespan(app.state.responses))
         if app.state.batch is not None:
-            runner = app.state.batch.runner
-            runner.app, runner.gateway = app, getattr(app.state, "gateway", None)
+            app.state.batch.runner.gateway = getattr(app.state, "gateway", None)
             await stack.enter_async_context(batch_service.lifespan(app.state.batch))
         yield
 

@@ -8,6 +8,7 @@ decision whose action is the rule's `on_error` (allow is recorded as audit)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -15,6 +16,7 @@ from tokenmill.gateway.guardrails.decision import Decision, Stage
 from tokenmill.gateway.guardrails.rule import Rule
 
 Judge = Callable[[str], Awaitable[Mapping[str, float]]]
+logger = logging.getLogger("tokenmill.gateway")
 
 
 def positive_probability(answer: Mapping[str, float], positive: str) -> float:
@@ -42,7 +44,8 @@ async def classify(rule: Rule, stage: Stage, text: str, judge: Judge) -> Decisio
         p = positive_probability(answer, spec.positive)
     except asyncio.CancelledError:
         raise
-    except Exception:  # any judge failure: decided by on_error, never a crash
+    except Exception as e:  # any judge failure: decided by on_error, never a crash
+        logger.warning("gateway: classifier rule %s: the judge failed (%r)", rule.name, e)
         return Decision(rule.name, stage, spec.on_error, "classifier_error", "", 0, len(text))
     if p < spec.threshold:
         return None

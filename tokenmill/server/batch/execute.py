@@ -74,11 +74,9 @@ async def run_line(
     priority: int,
     gateway: Any = None,
     owner: str = "",
-    app: Any = None,
 ) -> LineResult:
     """The line's HTTP status and JSON body; LineNotRun when it could not run now. With a
-    gateway, the line goes through it into `app` as the batch's owner (its key's limits and
-    ledger)."""
+    gateway, the line goes through it as the batch's owner (its key's limits and ledger)."""
     model, handler = HANDLERS[url]
     try:
         req = model.model_validate(body)
@@ -90,7 +88,7 @@ async def run_line(
         return LineResult(err.status, err.body())
     if gateway is not None:
         body = {**body, "priority": max(req.priority, priority)}
-        return await _through_gateway(gateway, app, owner, url, body, request_id)
+        return await _through_gateway(gateway, owner, url, body, request_id)
     req = req.model_copy(update={"priority": max(req.priority, priority)})  # never ahead
     try:
         response = await handler(state, req, _Detached(), request_id)
@@ -106,11 +104,11 @@ async def run_line(
 
 
 async def _through_gateway(
-    gateway: Any, app: Any, owner: str, url: str, body: dict[str, Any], request_id: str
+    gateway: Any, owner: str, url: str, body: dict[str, Any], request_id: str
 ) -> LineResult:
     from tokenmill.gateway.batch_lines import run_line_as_key
 
-    answer = await run_line_as_key(gateway, app, owner, url, body, request_id)
+    answer = await run_line_as_key(gateway, owner, url, body, request_id)
     error = answer.body.get("error") if isinstance(answer.body, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
     if answer.retry_after_s is not None or (answer.status == 503 and code in RETRY_CODES):

@@ -48,9 +48,7 @@ class BatchRunner:
         self.cancels: dict[str, asyncio.Event] = {}
         self.interrupted: dict[str, asyncio.Event] = {}  # a line could not run now
         self._watch: asyncio.Task | None = None
-        # the app and its gateway, when it has one: lines then run through it as their key
-        self.app = None
-        self.gateway = None
+        self.gateway = None  # the app's, when it has one: lines run through it as their key
 
     async def start(self) -> None:
         """Resumes what a previous server left unfinished."""
@@ -191,7 +189,7 @@ class BatchRunner:
                 try:
                     result = await run_line(
                         self.state, item.url, item.body, request_id, self.config.priority,
-                        self.gateway, owner, self.app,
+                        self.gateway, owner,
                     )  # fmt: skip
                     break
                 except LineNotRun as e:
