@@ -190,7 +190,9 @@ def test_bad_adapters_are_refused_and_the_others_unaffected(lora_server, tiny_ll
         ({"lora_name": "sql", "lora_path": str(folders["chat"])}, 400, "already loaded"),
         ({"lora_name": "", "lora_path": "x"}, 400, "lora_name"),
         ({"lora_path": "x"}, 400, "lora_name"),
-    ]
+        *[({"lora_name": name, "lora_path": str(folders["chat"])}, 400, "lora_name")
+          for name in (" ", "a b", "\x00", "..", "x\ny")],
+    ]  # fmt: skip
     for body, status, words in cases:
         r = httpx.post(f"{srv.v1}/load_lora_adapter", json=body)
         assert r.status_code == status, (body, r.text)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from tokenmill.config import EngineConfig
+from tokenmill.lora_request import check_lora_name
 from tokenmill.model.lora import load_lora
 from tokenmill.model.lora_layers import LoRAModel
 from tokenmill.scheduler.scheduler import Scheduler
@@ -43,6 +44,7 @@ class LoRAManager:
         return manager
 
     def load(self, name: str, path: str) -> dict:
+        check_lora_name(name)
         if name in self.model.adapters:
             raise ValueError(f"lora_name: an adapter named {name!r} is already loaded")
         adapter = load_lora(name, path)

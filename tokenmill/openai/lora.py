@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
+from tokenmill.lora_request import check_lora_name
 from tokenmill.openai.protocol import APIModel
 
-Name = Annotated[str, Field(min_length=1, max_length=256)]
+Name = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(check_lora_name)]
 
 
 class LoadLoRAAdapterRequest(APIModel):
