@@ -221,6 +221,7 @@ def test_extension_constraints(server):
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs"),
         ({"structured_outputs": {"choice": []}}, "structured_outputs"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
         (
             {"tools": [{"type": "function", "function": {"name": "bad name!"}}]},

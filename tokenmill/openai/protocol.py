@@ -271,6 +271,8 @@ class SamplingFields(SamplingKnobs):
         structured_outputs: StructuredOutputsParams | None,
         **fields: Any,
     ) -> SamplingParams:
+        if self.stream_options is not None and not self.stream:  # as OpenAI and vLLM
+            raise RequestError("stream_options: only allowed when stream is true", "stream_options")
         return self._sampling_params(
             max_tokens,
             self.stream,
