@@ -92,8 +92,13 @@ def test_non_streaming_disconnect_aborts(server):
     )
 
 
-def test_sigterm_drains_in_flight_then_exits_zero(tmp_path):
+@pytest.mark.parametrize("group", [False, True], ids=["api-process", "process-group"])
+def test_sigterm_drains_in_flight_then_exits_zero(tmp_path, group):
+    """SIGTERM to the API process, or to the whole process group as a service manager or a
+    terminal sends it (the engine core gets SIGTERM and SIGINT too): the drain finishes the
+    request in flight, and the stop logs no error."""
     srv = start_server(tmp_path, "--drain-timeout", "60")
+    core = httpx.get(f"{srv.base_url}/server_info").json()["engine"]["pid"]
     results: list[str] = []
 
     def one_request() -> None:
@@ -108,6 +113,9 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path):
     worker = threading.Thread(target=one_request)
     worker.start()
     assert wait_for(lambda: metric(srv, "tokenmill:num_requests_running") == 1, 60)
+    if group:
+        os.kill(core, signal.SIGTERM)
+        os.kill(core, signal.SIGINT)
     srv.proc.send_signal(signal.SIGTERM)
     # while it drains: still listening, /health says 503, new work is refused with 503
     assert wait_for(lambda: httpx.get(f"{srv.base_url}/health").status_code == 503, 10)
@@ -122,6 +130,7 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path):
     assert srv.proc.wait(60) == 0
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{srv.base_url}/health", timeout=2)
+    assert " ERROR " not in srv.log() and "Traceback" not in srv.log(), srv.log()[-3000:]
 
 
 def test_engine_crash_fails_requests_and_health(tmp_path):

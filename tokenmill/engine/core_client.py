@@ -14,7 +14,7 @@ import zmq
 import zmq.asyncio
 
 from tokenmill.config import EngineConfig
-from tokenmill.engine.core_entry import EarlyEngineCore, run_engine_core
+from tokenmill.engine.core_entry import STOP_SIGNAL, EarlyEngineCore, run_engine_core
 from tokenmill.engine.serialization import decode_outputs, encode_request, pack, unpack
 from tokenmill.messages import EngineCoreOutputs, EngineCoreRequest
 
@@ -156,7 +156,7 @@ class EngineCoreClient:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         if self.proc.is_alive():
-            self.proc.terminate()  # the core exits at once on SIGTERM
+            os.kill(self.proc.pid, STOP_SIGNAL)  # the core unwinds and exits at once
             self.proc.join(timeout)
         if self.proc.is_alive():
             os.kill(self.proc.pid, 9)

@@ -11,11 +11,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+# The API process stops the engine core with this signal, and it is the core's parent-death
+# signal too. SIGTERM and SIGINT, which a terminal or a service manager sends to the whole
+# process group, leave the stop to the API process, which drains its requests first.
+STOP_SIGNAL = signal.SIGUSR2
 
 
 def _start_prefetch(config: Any):
@@ -33,11 +39,14 @@ def _start_prefetch(config: Any):
 def exit_with_parent(parent: int) -> None:
     """Ends this process when the API process (`parent`, its pid as the parent saw it)
     dies, from the first moment (the imports take a second): the kernel signals it (Linux),
-    and a watchdog thread checks the parent id elsewhere or if that is missed."""
+    and a watchdog thread checks the parent id elsewhere or if that is missed. Signals meant
+    for the process group are the API process's to act on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, STOP_SIGNAL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -64,6 +73,7 @@ def run_engine_core(*args: Any, parent: int) -> None:
     from tokenmill.engine.core_proc import run_engine_core as run
 
     profile.mark("imports")
+    _stop_on_signal()
     run(*args, profile=profile, prefetch=prefetch)
 
 
@@ -91,7 +101,13 @@ def _run_early(reader, writer, parent: int) -> None:
     if "args" not in got:  # the server did not start (bad arguments, --help, an error)
         os._exit(0)
     profile.mark("imports")
+    _stop_on_signal()
     run(*got["args"], profile=profile, prefetch=got["prefetch"])
+
+
+def _stop_on_signal() -> None:
+    """STOP_SIGNAL unwinds the engine (its KV event sockets close) instead of killing it."""
+    signal.signal(STOP_SIGNAL, lambda *_: sys.exit(0))
 
 
 class EarlyEngineCore:
@@ -120,5 +136,5 @@ class EarlyEngineCore:
         """Not needed after all (the server did not start): stops the child."""
         if not self._writer.closed:
             self._writer.close()
-            self.proc.terminate()
+            os.kill(self.proc.pid, STOP_SIGNAL)
             self.proc.join(5.0)

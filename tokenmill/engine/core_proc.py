@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import sys
 import time
 import traceback
 from typing import Any
@@ -189,8 +187,6 @@ def run_engine_core(
     logging.basicConfig(  # force: a forked core inherits its parent's configuration
         level=log_level, format="%(asctime)s %(levelname)s engine-core: %(message)s", force=True
     )
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when to stop
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: KV event sockets close
     proc = None
     try:
         core = EngineCore(config, profile=profile, prefetch=prefetch)
