@@ -9,6 +9,7 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -98,7 +99,11 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path, group):
     terminal sends it (the engine core gets SIGTERM and SIGINT too): the drain finishes the
     request in flight, and the stop logs no error."""
     srv = start_server(tmp_path, "--drain-timeout", "60")
-    core = httpx.get(f"{srv.base_url}/server_info").json()["engine"]["pid"]
+    if group:  # a large body starts the body-parsing worker
+        filler = {"model": MODEL, "prompt": "hi", "max_tokens": 1, "x_unknown_field": "y" * 70_000}
+        assert httpx.post(f"{srv.v1}/completions", json=filler, timeout=60).status_code == 200
+        info = lambda: httpx.get(f"{srv.base_url}/server_info").json()  # noqa: E731
+        assert wait_for(lambda: info()["parse_process"]["state"] == "ready", 30), info()
     results: list[str] = []
 
     def one_request() -> None:
@@ -113,9 +118,13 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path, group):
     worker = threading.Thread(target=one_request)
     worker.start()
     assert wait_for(lambda: metric(srv, "tokenmill:num_requests_running") == 1, 60)
-    if group:
-        os.kill(core, signal.SIGTERM)
-        os.kill(core, signal.SIGINT)
+    if group:  # the engine core, the body-parsing worker (and multiprocessing's tracker)
+        tasks = Path(f"/proc/{srv.proc.pid}/task").glob("*/children")
+        children = {int(pid) for task in tasks for pid in task.read_text().split()}
+        assert len(children) >= 2, children
+        for pid in children:
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGINT)
     srv.proc.send_signal(signal.SIGTERM)
     # while it drains: still listening, /health says 503, new work is refused with 503
     assert wait_for(lambda: httpx.get(f"{srv.base_url}/health").status_code == 503, 10)

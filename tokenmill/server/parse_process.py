@@ -32,6 +32,10 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _init_worker(parent: int) -> None:
+    # signals to the whole process group (a service manager's stop, Ctrl-C) are the API
+    # process's: it drains, then closes the pool
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):  # not Linux: the pipe's EOF ends it
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     with contextlib.suppress(OSError, AttributeError):
