@@ -118,6 +118,9 @@ def test_langchain_openai_embeddings(bert_server):
         ({"input": "hi", "dimensions": 0}, "dimensions"),
         ({"input": "hi", "dimensions": 100_000}, "dimensions"),
         ({}, "input"),
+        ({"input": [[5, 6], [5, 10**6]]}, "input.1"),  # outside the vocabulary
+        ({"input": [5] * 10_000}, "input"),  # beyond the context
+        ({"input": ["hi", " ".join(["fox"] * 200)]}, "input.1"),
     ],
 )
 def test_bad_input_is_a_400(bert_server, body, param):

@@ -3,6 +3,7 @@ batched by the scheduler beside generation; the vectors come back in input order
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
@@ -30,17 +31,30 @@ def _tokenize(value: str | list[int], tokenizer, param: str) -> TokenizedPrompt:
     return tokenize_prompt(value, tokenizer, param)
 
 
-def tokenize_inputs(value: Any, tokenizer) -> list[TokenizedPrompt]:
-    """`input`: a string, token ids, or a list of either; none empty, at most 2048."""
+def tokenize_inputs(
+    value: Any, tokenizer, check: Callable[[list[int]], None]
+) -> list[TokenizedPrompt]:
+    """`input`: a string, token ids, or a list of either; none empty, at most 2048; `check`
+    (the engine's prompt checks) runs on each, its error naming the input."""
     if isinstance(value, str) or (
         isinstance(value, list) and value and all(isinstance(t, int) for t in value)
     ):
-        return [_tokenize(value, tokenizer, "input")]
-    if not value:
+        named = [("input", value)]
+    elif not value:
         raise ValueError("input: must not be empty")
-    if len(value) > MAX_EMBEDDING_INPUTS:
+    elif len(value) > MAX_EMBEDDING_INPUTS:
         raise ValueError(f"input: at most {MAX_EMBEDDING_INPUTS} inputs per call, got {len(value)}")
-    return [_tokenize(p, tokenizer, f"input.{i}") for i, p in enumerate(value)]
+    else:
+        named = [(f"input.{i}", p) for i, p in enumerate(value)]
+    prompts = []
+    for param, item in named:
+        prompt = _tokenize(item, tokenizer, param)
+        try:
+            check(prompt[1])
+        except ValueError as e:  # "prompt: ..." of the engine's checks
+            raise ValueError(f"{param}: {str(e).partition(': ')[2]}") from None
+        prompts.append(prompt)
+    return prompts
 
 
 def _pooling_params(state: ServerState, req: EmbeddingRequest) -> PoolingParams:
@@ -59,12 +73,16 @@ async def create_embedding(
     model = state.check_model(req.model)
     state.check_accepting()
     engine = state.engine
+    params = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    def check(ids: list[int]) -> None:
+        engine.processor.validate(ids, params, pooling=True)
+
     try:
-        prompts = await off_loop(tokenize_inputs, req.input, engine.tokenizer)
+        prompts = await off_loop(tokenize_inputs, req.input, engine.tokenizer, check)
     except ValueError as e:
         raise from_value_error(e) from e
     pooling = _pooling_params(state, req)
-    params = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY)
     embedding_id = new_id("embd-")
     requests = [
         GenerationRequest(
