@@ -29,7 +29,7 @@ _STORED_RESPONSE = re.compile(r"/v1/responses/[^/]+")
 # what a user key reaches: the OpenAI API, the tokenizer, the UI's data (fail closed: a path
 # not matched here, known or not, is the admin's)
 USER_PATHS = re.compile(
-    r"/v1/(chat/completions|completions|embeddings|models(/[^/]+)+|models"
+    r"/v1/(chat/completions|completions|embeddings|models(/[^/]+)*"
     r"|responses(/[^/]+(/cancel|/input_items)?)?"
     r"|files(/[^/]+(/content)?)?|batches(/[^/]+(/cancel)?)?)"
     r"|/(tokenize|detokenize|tokenizer_info|version|health|metrics)|/ui/api/[a-z_]+"
