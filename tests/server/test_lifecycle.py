@@ -99,6 +99,15 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path, group):
     terminal sends it (the engine core gets SIGTERM and SIGINT too): the drain finishes the
     request in flight, and the stop logs no error."""
     srv = start_server(tmp_path, "--drain-timeout", "60")
+    try:
+        _drain_under_sigterm(srv, group)
+    finally:  # a failed check leaves no server behind (its engine core goes with it)
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait(30)
+
+
+def _drain_under_sigterm(srv, group: bool) -> None:
     if group:  # a large body starts the body-parsing worker
         filler = {"model": MODEL, "prompt": "hi", "max_tokens": 1, "x_unknown_field": "y" * 70_000}
         assert httpx.post(f"{srv.v1}/completions", json=filler, timeout=60).status_code == 200
