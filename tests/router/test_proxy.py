@@ -62,6 +62,28 @@ async def test_client_errors_pass_through_without_retry():
         assert r.status_code == 400 and r.json()["error"]["param"] == "x" and len(calls) == 1
 
 
+async def test_bodies_the_router_cannot_read_reach_a_replica_and_errors_are_enveloped():
+    """A body nested past Python's recursion limit or holding a huge integer is forwarded for
+    the replica's precise 400 (it was a 500 at the router); unknown paths and methods answer
+    in the OpenAI envelope."""
+    seen = []
+
+    def handler(name, request):
+        seen.append(request.content)
+        return httpx.Response(400, json={"error": {"message": "too deep", "param": None}})
+
+    async with routed(handler) as (client, _):
+        for body in (b"[" * 100_000 + b"]" * 100_000, b'{"model": ' + b"9" * 5000 + b"}"):
+            for path in ("/v1/chat/completions", "/v1/completions"):
+                r = await client.post(path, content=body, headers={"content-type": "application/json"})
+                assert r.status_code == 400 and r.json()["error"]["message"] == "too deep"
+        assert len(seen) == 4
+        for method, path, status in (("GET", "/v1/nothing", 404), ("POST", "/v1/responses", 404),
+                                     ("GET", "/v1/chat/completions", 405)):  # fmt: skip
+            r = await client.request(method, path)
+            assert r.status_code == status and r.json()["error"]["type"], r.text
+
+
 async def test_mid_stream_failure_ends_with_error_event_and_done():
     dead: set[str] = set()
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI
 
 from tokenmill.router.auth import APIKeyMiddleware, open_paths
 from tokenmill.router.client_requests import (
@@ -22,7 +22,7 @@ from tokenmill.router.prompts import PromptHasher
 from tokenmill.router.router import Router
 from tokenmill.router.routes import admin, generation, health, passthrough
 from tokenmill.router.ui_source import RouterSource
-from tokenmill.server.errors import APIError
+from tokenmill.server.error_handlers import add_exception_handlers
 from tokenmill.ui.routes import add_ui_routes
 from tokenmill.ui.sampler import Sampler
 from tokenmill.ui.static_files import StaticUI
@@ -65,7 +65,7 @@ def build_router_app(
         app.state.cluster = cluster
     for routes in extra_routes:  # a cluster's /cluster and /cluster/scale
         app.include_router(routes)
-    app.add_exception_handler(APIError, api_error)
+    add_exception_handlers(app)  # every failure in the OpenAI envelope, as the server's
     for routes in (generation, passthrough, health, admin):
         app.include_router(routes.router)
     add_ui_routes(
@@ -106,10 +106,6 @@ def _add_middleware(
         )
     # the pages load without a key, their data needs one
     app.add_middleware(StaticUI, key_required=gateway_config is not None or api_key is not None)
-
-
-async def api_error(_request: Request, exc: APIError):
-    return exc.response()
 
 
 @asynccontextmanager

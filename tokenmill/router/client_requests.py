@@ -58,8 +58,10 @@ async def unless_client_leaves(request: Request, work: Awaitable[Response]) -> R
 
 
 def parse_json(body: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None (not JSON, too deep, a huge integer: the replica
+    answers with the precise 400)."""
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are too
         return None
     return data if isinstance(data, dict) else None
