@@ -357,6 +357,17 @@ def test_a_user_key_reaches_the_api_and_the_rest_takes_the_admin_key(gw):
         assert h.get("/ui/api/series", headers=user).status_code == 200
 
 
+def test_a_key_limited_to_models_lists_only_those(gw):
+    limited, _ = new_key(gw, models=["another-model"])
+    allowed, _ = new_key(gw, models=[MODEL, "another-model"])
+    assert client(gw, limited).models.list().data == []
+    assert [m.id for m in client(gw, allowed).models.list().data] == [MODEL]
+    assert client(gw, allowed).models.retrieve(MODEL).id == MODEL
+    with httpx.Client(base_url=gw.v1, headers={"Authorization": f"Bearer {limited}"}) as h:
+        reply = h.get(f"/models/{MODEL}")
+        assert reply.status_code == 404 and reply.json()["error"]["code"] == "model_not_found"
+
+
 def run_batch(gw, key: str, lines: int) -> dict[str, dict]:
     """A chat batch of `lines` lines under `key`, run to its end: custom_id -> response."""
     c = client(gw, key)

@@ -14,6 +14,7 @@ import re
 from tokenmill.gateway.admin import build_admin_app, is_admin
 from tokenmill.gateway.endpoints.chat import ChatAdapter, CompletionAdapter
 from tokenmill.gateway.endpoints.embeddings import EmbeddingsAdapter
+from tokenmill.gateway.endpoints.models import MODELS_PATH, models_for_key
 from tokenmill.gateway.endpoints.responses import ResponsesAdapter
 from tokenmill.gateway.exchange import Exchange, filtered_read
 from tokenmill.gateway.keys import bearer_token
@@ -91,7 +92,10 @@ class GatewayMiddleware:
         adapter = ADAPTERS.get(path)
         if adapter is None or scope["method"] != "POST":
             headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
-            return await self.app({**scope, "headers": headers}, receive, send)
+            inner = {**scope, "headers": headers}
+            if state.key.models is not None and path.startswith(MODELS_PATH):
+                return await models_for_key(self.app, inner, receive, send, state.key.models)
+            return await self.app(inner, receive, send)
         await Exchange(gw, adapter, scope, receive, send, state.key).run()
 
 
