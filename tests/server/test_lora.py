@@ -234,7 +234,8 @@ def test_gateway_keys_limited_to_an_adapter(lora_server, tiny_llama_dir, tmp_pat
         ok = httpx.post(f"{srv.v1}/completions", json={**body, "model": "sql"}, headers=auth)
         assert ok.status_code == 200 and ok.json()["model"] == "sql"
         models = httpx.get(f"{srv.v1}/models", headers=auth).json()["data"]
-        base_name = next(m["id"] for m in models if m.get("parent") is None)
+        assert [m["id"] for m in models] == ["sql"]  # the key's models only
+        base_name = models[0]["parent"]
         base = httpx.post(f"{srv.v1}/completions", json={**body, "model": base_name}, headers=auth)
         assert base.status_code == 403
         db = open_database(str(tmp_path / "gateway.sqlite3"))
