@@ -90,6 +90,7 @@ def test_constraints_that_crashed_the_server_get_a_400(server, changes, param, s
         ({"repetition_penalty": 1e-300}, "repetition_penalty"),
         ({"priority": 2**64}, "priority"),
         ({"min_tokens": 2**64}, "min_tokens"),
+        ({"min_tokens": 5, "max_tokens": 3}, "min_tokens"),  # more than it may make
         ({"max_tokens": 2**64}, "max_tokens"),
         ({"seed": 2**64}, "seed"),
         ({"stop_token_ids": [2**64]}, "stop_token_ids.0"),

@@ -223,7 +223,7 @@ class SamplingKnobs(APIModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             ignore_eos=self.ignore_eos,
             max_tokens=max_tokens,
-            min_tokens=min(self.min_tokens, max_tokens),
+            min_tokens=self.min_tokens,  # above max_tokens: a 400 naming it (as vLLM)
             skip_special_tokens=self.skip_special_tokens,
             repetition_detection=detection,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
