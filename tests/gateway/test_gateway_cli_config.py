@@ -166,15 +166,16 @@ def test_config_reload_applies_new_rules_without_dropping_requests(tmp_path):
                 json={**slow, "stream": False, "x_script": {"pieces": ["Acme Corp"]}},
             )
             assert reply.json()["choices"][0]["message"]["content"] == "no."
-            h.gateway.config_path.write_text(
-                "guardrails: [oops"
-            )  # a broken file keeps the running config
-            assert not h.gateway.reload_config()
-            reply = await c.post(
-                "/v1/chat/completions",
-                json={**slow, "stream": False, "x_script": {"pieces": ["Acme Corp"]}},
-            )
-            assert reply.json()["choices"][0]["message"]["content"] == "no."
+            # a broken file keeps the running config; so does an empty one (an editor's
+            # truncate-then-write save, for a moment), which would turn every rule off
+            for broken in ("guardrails: [oops", "", "# nothing yet\n"):
+                h.gateway.config_path.write_text(broken)
+                assert not h.gateway.reload_config()
+                reply = await c.post(
+                    "/v1/chat/completions",
+                    json={**slow, "stream": False, "x_script": {"pieces": ["Acme Corp"]}},
+                )
+                assert reply.json()["choices"][0]["message"]["content"] == "no."
 
     asyncio.run(main())
     h.close()

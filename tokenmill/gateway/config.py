@@ -195,4 +195,6 @@ def load_gateway_config(path: str | Path, env: Mapping[str, str] | None = None) 
         raise GatewayConfigError("", f"cannot read {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise GatewayConfigError("", yaml_error(path, e)) from None
+    if raw is None:  # empty, or comments only: as an editor's save looks for a moment
+        raise GatewayConfigError("", f"{path} holds no settings (an empty document)")
     return parse_gateway_config(raw, path.parent.resolve(), env)
