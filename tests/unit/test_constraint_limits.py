@@ -104,6 +104,24 @@ def test_forced_text_the_vocabulary_cannot_write_is_refused(compiler, regex):
     compiler.compile(StructuredOutputsParams(regex="ab\x1e"))  # a byte it has
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        StructuredOutputsParams(regex="(a{1000}){1000}"),
+        StructuredOutputsParams(regex="((a{100}){100}){100}"),
+        StructuredOutputsParams(regex="(x{9000}y){20}"),
+        StructuredOutputsParams(json={"type": "string", "pattern": "^(ab{500}){500}$"}),
+    ],
+    ids=["nested", "nested-3", "group", "pattern"],
+)
+def test_nested_repetition_counts_multiply_into_the_limit(compiler, spec):
+    """Every count under the limit, their product a million atoms: each such request held
+    an engine step ~0.7 s (every user's tokens waited) before llguidance gave up."""
+    with pytest.raises(GrammarError, match="too large") as err:
+        compiler.compile(spec)
+    assert "unrolls to" in str(err.value) and "the limit is 100000" in str(err.value)
+
+
 def test_limits_leave_real_constraints_alone(compiler):
     compiler.compile(StructuredOutputsParams(json=nested_schema(20)))
     compiler.compile(StructuredOutputsParams(json=ref_chain(500)))

@@ -31,6 +31,8 @@ class ConstraintLimits:
     # unrolls it, so a count in the hundreds of thousands takes ~0.4 s of an engine step for
     # the first mask (stalling every request in the batch) and in the millions breaks mid-way
     max_repeat: int = 10_000
+    # ...and nested counts multiply (`(a{1000}){1000}` is a million): the whole regex unrolled
+    max_unrolled: int = 100_000
 
 
 DEFAULT_LIMITS = ConstraintLimits()
@@ -49,6 +51,37 @@ def largest_repeat(text: str, pattern: re.Pattern[str] = _REGEX_REPEAT) -> int:
         int(n) if len(n) <= 9 else 10**9 for m in pattern.finditer(text) for n in m.groups() if n
     )
     return max(counts, default=0)
+
+
+def unrolled_size(regex: str) -> int:
+    """How many atoms a regex becomes with its counted repetitions written out (nested counts
+    multiply, a sequence adds); 0 where Python's parser does not read it (the compiler then
+    judges it)."""
+    try:
+        from re import _constants as c
+        from re import _parser
+
+        tree = _parser.parse(regex)
+    except Exception:  # another dialect's syntax, or not a regex at all
+        return 0
+    total, stack = 0, [(tree, 1)]
+    while stack:
+        items, factor = stack.pop()
+        for op, arg in items:
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+                low, high, body = arg
+                stack.append((body, factor * max(1, high if high != c.MAXREPEAT else low)))
+            elif op is c.SUBPATTERN:
+                stack.append((arg[-1], factor))
+            elif op is c.BRANCH:
+                stack.extend((branch, factor) for branch in arg[1])
+            elif op in (c.ASSERT, c.ASSERT_NOT):
+                stack.append((arg[1], factor))
+            else:
+                total += factor
+        if total > 10**12:
+            break
+    return total
 
 
 def schema_patterns(schema: Any) -> list[str]:
@@ -72,6 +105,16 @@ def _check_repeat(count: int, where: str, limits: ConstraintLimits) -> None:
     if count > limits.max_repeat:
         raise ConstraintTooLargeError(
             f"{where} repeats {count} times; the limit is {limits.max_repeat}"
+        )
+
+
+def _check_regex(regex: str, where: str, limits: ConstraintLimits) -> None:
+    _check_repeat(largest_repeat(regex), where, limits)
+    size = unrolled_size(regex)
+    if size > limits.max_unrolled:
+        raise ConstraintTooLargeError(
+            f"{where} unrolls to {size} atoms (its repetition counts multiplied); the limit is "
+            f"{limits.max_unrolled}"
         )
 
 
@@ -104,14 +147,14 @@ def check_limits(spec: StructuredOutputsParams, limits: ConstraintLimits = DEFAU
             raise ConstraintTooLargeError(
                 f"the JSON schema has {refs} $ref; the limit is {limits.max_schema_refs}"
             )
-        patterns = schema_patterns(spec.json)
-        _check_repeat(max(map(largest_repeat, patterns), default=0), "a pattern", limits)
+        for pattern in schema_patterns(spec.json):
+            _check_regex(pattern, "a pattern", limits)
     if spec.regex is not None and len(spec.regex.encode()) > limits.max_regex_bytes:
         raise ConstraintTooLargeError(
             f"the regex is {len(spec.regex.encode())} bytes; the limit is {limits.max_regex_bytes}"
         )
     if spec.regex is not None:
-        _check_repeat(largest_repeat(spec.regex), "the regex", limits)
+        _check_regex(spec.regex, "the regex", limits)
     if spec.grammar is not None:
         size = len(spec.grammar.encode())
         if size > limits.max_grammar_bytes:
