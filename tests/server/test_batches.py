@@ -386,6 +386,21 @@ def test_offline_batch_refuses_a_malformed_file(tmp_path):
     assert run.returncode == 2 and "line 2: custom_id" in run.stderr, run.stderr
 
 
+def test_offline_batch_refuses_an_output_it_cannot_or_must_not_write(tmp_path):
+    """Before the model loads: OUT in a missing folder (it hung once the engine was up) or
+    OUT the input itself (it was emptied, the results lost)."""
+    good = tmp_path / "in.jsonl"
+    good.write_bytes(jsonl([line("a", {})]))
+    before = good.read_bytes()
+    for out, says in ((tmp_path / "nope" / "o.jsonl", "does not exist"),
+                      (good, "is the input file"), (tmp_path, "is a folder")):  # fmt: skip
+        cmd = [sys.executable, "-m", "tokenmill.cli", "batch", str(good), str(out)]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and says in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr
+    assert good.read_bytes() == before
+
+
 # ---------------------------------------------------------------- restart
 
 

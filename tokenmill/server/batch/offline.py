@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from tokenmill.server.settings import DEFAULT_MAX_TOKENS, ServerSettings
@@ -54,6 +56,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         summary = validate_file(args.input, MAX_LINE_BYTES, max_lines=1 << 62)
     except APIError as e:
         raise ValueError(f"{args.input}: {e.message}") from None
+    _check_output(Path(args.input), Path(args.output))
     config = EngineArgs.from_cli_args(args).create_engine_config()
     failed = asyncio.run(_run(args, config, summary.lines))
     return 1 if failed == summary.lines else 0
@@ -77,7 +80,14 @@ async def _run(args: argparse.Namespace, config: Any, total: int) -> int:
     failed = 0
     progress, task = _progress(total, args.no_progress)
 
-    with open(args.output, "w", encoding="utf-8") as out:
+    try:
+        out_file = open(args.output, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError as e:  # the checks passed, the disk said no: the engine must stop too
+        if progress is not None:
+            progress.stop()
+        await engine.shutdown()
+        raise ValueError(f"output: {args.output}: {e.strerror}") from None
+    with out_file as out:
 
         async def one(item) -> None:
             nonlocal failed
@@ -109,6 +119,20 @@ async def _run(args: argparse.Namespace, config: Any, total: int) -> int:
                 progress.stop()
             await engine.shutdown()
     return failed
+
+
+def _check_output(source: Path, output: Path) -> None:
+    """Before the model loads: OUT can be written and is not the input it would erase."""
+    if output.exists() and output.resolve() == source.resolve():
+        raise ValueError(f"output: {output} is the input file (writing it would erase it)")
+    if output.is_dir():
+        raise ValueError(f"output: {output} is a folder")
+    if not output.parent.is_dir():
+        raise ValueError(f"output: the folder {output.parent} does not exist")
+    if not os.access(output.parent, os.W_OK) or (
+        output.exists() and not os.access(output, os.W_OK)
+    ):
+        raise ValueError(f"output: {output} cannot be written")
 
 
 def _progress(total: int, off: bool):
