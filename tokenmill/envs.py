@@ -85,7 +85,7 @@ INT_DOT_MAX_ROWS = EnvVar(
 INT_DOT_ACTIVATION_BITS = EnvVar(
     "TOKENMILL_INT_DOT_ACTIVATION_BITS", parse_activation_bits,
     "8, 16 or 24: the activations' precision in every integer-dot kernel (decode GEMV, GEMM, "
-    "greedy argmax; default 24)",
+    "greedy argmax; default 16)",
     "kernel_config.int_dot_activation_bits",
 )  # fmt: skip
 GREEDY_ARGMAX = EnvVar(
