@@ -94,6 +94,20 @@ def test_reasoning_and_tool_call_streamed(client):
     assert names == ["get_weather"] and json.loads(args) == {"city": "Paris"}
 
 
+def test_cut_inside_the_reasoning_the_content_is_null_whole_and_streamed(client):
+    whole = _ask(client, False, "<think>\nA long thought that goes on.\n</think>\n\nHi.", max_tokens=6)
+    assert whole.choices[0].finish_reason == "length"
+    message = whole.choices[0].message
+    assert message.content is None and message.reasoning_content
+    contents, reasoning = [], ""
+    stream = _ask(client, True, "<think>\nA long thought that goes on.\n</think>\n\nHi.", max_tokens=6)
+    for chunk in stream:
+        if chunk.choices:
+            contents.append(chunk.choices[0].delta.content)
+            reasoning += getattr(chunk.choices[0].delta, "reasoning_content", None) or ""
+    assert not any(contents) and reasoning == message.reasoning_content
+
+
 def test_thinking_switched_off(client):
     """enable_thinking false: the template closes an empty think block in the prompt, the
     output is all content."""

@@ -177,6 +177,8 @@ class _ChatOutput:
             message = co.assistant_message(text)
             if self.reasoning is not None:
                 message[co.REASONING_CONTENT] = reasoning
+                if not text:  # all reasoning (cut inside it): no content, as streamed
+                    message[co.CONTENT] = None
             calls = []
             if self.parse_tools:
                 if harmony is not None:
