@@ -69,6 +69,10 @@ def stream_text(engine, prompt, params: SamplingParams) -> Iterator[str]:
 def cmd_generate(args: argparse.Namespace) -> int:
     from tokenmill.engine.llm import LLM
 
+    try:  # bytes the shell passed that are not UTF-8 arrive as lone surrogates
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("prompt: not valid UTF-8 text") from None
     llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     params = sampling_params(args)
     prompt = args.prompt

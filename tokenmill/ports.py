@@ -24,6 +24,17 @@ class PortRange:
         return f"{self.low}-{self.high}"
 
 
+def parse_port(text: str) -> int:
+    """A TCP port, 0-65535 (argparse's `type`: checked before a model loads)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= port <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"a port is 0-{MAX_PORT}, got {port}")
+    return port
+
+
 def parse_port_range(text: str) -> PortRange:
     """`LO-HI` (argparse's `type`: an error exits 2 naming the flag)."""
     low, sep, high = text.partition("-")

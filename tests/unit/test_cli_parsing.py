@@ -101,6 +101,11 @@ def test_every_benchmark_script_refuses_abbreviations():
 )
 def test_a_closed_pipe_ends_the_command_quietly(tmp_path, args, code):
     db = ["--database", str(tmp_path / "gw.sqlite3")] if args[0] != "--help" else []
+    if db:  # reading keys or usage takes a database that is there
+        from tokenmill.gateway.store.database import open_database
+        from tokenmill.gateway.store.migrations import migrate
+
+        migrate(open_database(db[1]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokenmill.cli", *args, *db],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,

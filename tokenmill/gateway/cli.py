@@ -23,17 +23,33 @@ def _database_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--database", metavar="URL", help="SQLite path or postgresql:// URL")
 
 
-def _open(args: argparse.Namespace):
+def _open(args: argparse.Namespace, reading: bool = False):
+    """The gateway's database, its schema brought up to date. `reading` (listing keys or
+    usage): a SQLite file that is not there is an error, not a new empty database."""
     from tokenmill.gateway.config import default_database, load_gateway_config
-    from tokenmill.gateway.store.database import open_database
-    from tokenmill.gateway.store.migrations import migrate
 
     if args.gateway_config:
         url = load_gateway_config(args.gateway_config).database
     else:
         url = args.database or default_database()
+    return _migrated(url, reading)
+
+
+def _migrated(url: str, reading: bool = False):
+    from tokenmill.gateway.store.database import open_database
+    from tokenmill.gateway.store.migrations import migrate
+    from tokenmill.gateway.store.url import parse_url, redact_url
+
+    parsed = parse_url(url)
+    if reading and parsed.dialect == "sqlite" and parsed.path and not parsed.path.exists():
+        raise ValueError(f"database: no gateway database at {parsed.path}")
     db = open_database(url)
-    migrate(db)
+    try:
+        migrate(db)
+    except ValueError:
+        raise
+    except Exception as e:  # not a database, a server that cannot be reached, ...
+        raise ValueError(f"database: {redact_url(url)}: {e}") from None
     return db
 
 
@@ -137,8 +153,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
     from tokenmill.gateway.store import keys_table
     from tokenmill.gateway.store.keys_table import StoredKey
 
-    db = _open(args)
     action = args.keys_action
+    db = _open(args, reading=action in ("list", "show"))
     if action == "create":
         secret, now = new_secret(), time.time()
         fields = {"metadata": {}, **stored_fields(_spec(args), only_set=False)}
@@ -186,7 +202,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
     from tokenmill.console import OutputConsole
     from tokenmill.gateway.store import queries
 
-    db = _open(args)
+    db = _open(args, reading=True)
     rows = queries.usage_rollup(
         db, key_id=args.key, team=args.team, since=_since(args.since), until=_since(args.until),
         group_by=args.group_by,
@@ -233,7 +249,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         if args.gateway_config
         else args.database or default_database()
     )
-    before, after = migrate(open_database(url))
+    try:
+        before, after = migrate(open_database(url))
+    except ValueError:
+        raise
+    except Exception as e:  # not a database, a server that cannot be reached, ...
+        raise ValueError(f"database: {redact_url(url)}: {e}") from None
     print(f"{redact_url(url)}: schema version {before} -> {after}")
     return 0
 

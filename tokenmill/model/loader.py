@@ -168,6 +168,10 @@ def _load_hf_folder(name: str, path: Path) -> ModelFiles:
     if not safetensors:
         raise ValueError(f"{path}: no *.safetensors files")
     for f in safetensors:
-        for key, value in load_file(str(f)).items():
+        try:
+            tensors = load_file(str(f))
+        except Exception as e:  # safetensors' own error for a truncated or foreign file
+            raise ValueError(f"{f}: not a safetensors file ({e})") from None
+        for key, value in tensors.items():
             files.weights[key] = value.float()
     return files

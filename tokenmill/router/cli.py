@@ -8,6 +8,7 @@ import signal
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from tokenmill.ports import parse_port
 from tokenmill.router.config import POLICIES, CostWeights, GuardConfig, RouterConfig
 from tokenmill.router.disagg import DISAGG_MODES, DisaggConfig
 from tokenmill.router.replicas import ReplicaSpec
@@ -22,7 +23,7 @@ logger = logging.getLogger("tokenmill.router")
 
 def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=parse_port, default=8000)
     a = p.add_argument_group("API key (also $TOKENMILL_API_KEY)")
     a.add_argument(
         "--api-key", default=None,

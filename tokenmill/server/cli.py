@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from tokenmill.engine.arg_utils import EngineArgs, add_kv_transfer_args
 from tokenmill.engine.startup import StartupProfile
 from tokenmill.platform import run_at_low_priority
+from tokenmill.ports import parse_port
 from tokenmill.server.batch.config import add_batch_args, batch_config
 from tokenmill.server.responses.config import add_response_store_args, response_store_config
 from tokenmill.server.settings import (
@@ -41,7 +42,7 @@ def add_serve_parser(sub, add_engine_args) -> None:
         help="as `tokenmill --log-level`; debug also logs the start-up profile",
     )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=parse_port, default=8000)
     p.add_argument(
         "--api-key",
         default=None,
