@@ -48,3 +48,8 @@ def test_reading_keys_or_usage_needs_a_database_that_is_there(tmp_path):
     garbage.write_bytes(b"\x00\x01not sqlite" * 400)
     for command in (["keys", "list"], ["gateway", "migrate"]):
         one_line_error(tokenmill(*command, "--database", str(garbage)), "not a database")
+
+
+def test_a_key_cannot_be_made_already_expired(tmp_path):
+    run = tokenmill("keys", "create", "--database", str(tmp_path / "gw.db"), "--expires-in=-5d")
+    one_line_error(run, "expires-in: must be positive")

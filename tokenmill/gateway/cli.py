@@ -94,7 +94,10 @@ def _spec(args: argparse.Namespace):
             raise ValueError("metadata: expected K=V")
         raw["metadata"] = {k: v for k, _, v in pairs}
     if args.expires_in is not None:
-        raw["expires_at"] = time.time() + _duration(args.expires_in)
+        lifetime = _duration(args.expires_in)
+        if lifetime <= 0:
+            raise ValueError(f"expires-in: must be positive, got {args.expires_in!r}")
+        raw["expires_at"] = time.time() + lifetime
     try:
         spec = KeySpec.model_validate(raw)
     except ValidationError as e:
