@@ -35,6 +35,27 @@ def test_split_whole_and_streamed(text, opened, reasoning, content):
         assert (got_r + d.reasoning, got_c + d.content) == (reasoning or "", content)
 
 
+DEEPSEEK_R1 = [  # vLLM's deepseek_r1: an output without the opener is reasoning up to </think>
+    ("step one\n</think>\n\nanswer", "step one\n", "answer"),
+    ("<think>\nr</think>a", "\nr", "a"),
+    ("still thinking when cut", "still thinking when cut", ""),
+    ("<thi", "<thi", ""),
+]
+
+
+@pytest.mark.parametrize("text,reasoning,content", DEEPSEEK_R1)
+def test_deepseek_r1_assumes_the_thinking_opened(text, reasoning, content):
+    assert split_reasoning(text, assume_thinking=True) == (reasoning, content)
+    for size in (1, 2, 5):
+        parser = ReasoningParser(assume_thinking=True)
+        got_r, got_c = "", ""
+        for i in range(0, len(text), size):
+            d = parser.feed(text[i : i + size])
+            got_r, got_c = got_r + d.reasoning, got_c + d.content
+        d = parser.finish()
+        assert (got_r + d.reasoning, got_c + d.content) == (reasoning, content)
+
+
 def test_prompt_state_and_choice():
     assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")

@@ -173,7 +173,9 @@ class _ChatOutput:
                 harmony = parse_harmony(c.text)
                 reasoning, text = harmony.reasoning, harmony.content
             elif self.reasoning is not None:
-                reasoning, text = split_reasoning(c.text, self.opens_thinking)
+                reasoning, text = split_reasoning(
+                    c.text, self.opens_thinking, self.reasoning == "deepseek_r1"
+                )
             message = co.assistant_message(text)
             if self.reasoning is not None:
                 message[co.REASONING_CONTENT] = reasoning
@@ -215,7 +217,9 @@ class _ChatOutput:
     def _reasoning_parser(self) -> ReasoningParser | HarmonyParser | None:
         if self.reasoning == HARMONY:
             return HarmonyParser()
-        return ReasoningParser(self.opens_thinking) if self.reasoning is not None else None
+        if self.reasoning is None:
+            return None
+        return ReasoningParser(self.opens_thinking, self.reasoning == "deepseek_r1")
 
     async def stream(self, outputs: OutputStream, record: AccessRecord) -> AsyncIterator[str]:
         req = self.req

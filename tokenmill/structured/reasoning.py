@@ -5,7 +5,9 @@ One incremental parser serves streaming and whole responses: text is fed in any 
 the same split comes out. An output that opens with `<think>` (or whose prompt ends inside an
 open `<think>`, as templates that start the thinking themselves do) is reasoning until
 `</think>`; everything after it, and any output that does not open with `<think>` (thinking
-switched off: `chat_template_kwargs: {"enable_thinking": false}`), is content.
+switched off: `chat_template_kwargs: {"enable_thinking": false}`), is content. The
+`deepseek_r1` parser, as vLLM's, takes an output without the opener as reasoning up to
+`</think>` too (DeepSeek-R1 models often leave `<think>` out).
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ def _held(text: str, tag: str) -> int:
 class ReasoningParser:
     """Feeds text, returns what became reasoning and content so far (partial tags held)."""
 
-    def __init__(self, prompt_opens_thinking: bool = False) -> None:
+    def __init__(self, prompt_opens_thinking: bool = False, assume_thinking: bool = False) -> None:
+        """`assume_thinking`: an output that does not open with <think> starts in it anyway."""
         self.state = "reasoning" if prompt_opens_thinking else "start"
+        self.assume_thinking = assume_thinking
         self.buffer = ""
         self.after_end = False  # newlines right after </think> are no content
 
@@ -53,7 +57,7 @@ class ReasoningParser:
                 elif THINK_START.startswith(head):
                     break  # could still open with <think>: wait for more
                 else:
-                    self.state = "content"
+                    self.state = "reasoning" if self.assume_thinking else "content"
             elif self.state == "reasoning":
                 end = self.buffer.find(THINK_END)
                 if end < 0:
@@ -77,17 +81,19 @@ class ReasoningParser:
     def finish(self) -> ReasoningDelta:
         """What was held back at the end: an unfinished thought stays reasoning."""
         rest, self.buffer = self.buffer, ""
-        if self.state == "reasoning":
+        if self.state == "reasoning" or (self.state == "start" and self.assume_thinking):
             return ReasoningDelta(reasoning=rest)
         return ReasoningDelta(content=rest.lstrip("\n") if self.after_end else rest)
 
 
-def split_reasoning(text: str, prompt_opens_thinking: bool = False) -> tuple[str | None, str]:
+def split_reasoning(
+    text: str, prompt_opens_thinking: bool = False, assume_thinking: bool = False
+) -> tuple[str | None, str]:
     """(reasoning or None when there was none, content) of a whole output."""
-    parser = ReasoningParser(prompt_opens_thinking)
+    parser = ReasoningParser(prompt_opens_thinking, assume_thinking)
     a, b = parser.feed(text), parser.finish()
     reasoning = a.reasoning + b.reasoning
-    opened = prompt_opens_thinking or text.lstrip().startswith(THINK_START)
+    opened = prompt_opens_thinking or assume_thinking or text.lstrip().startswith(THINK_START)
     return (reasoning if opened else None), a.content + b.content
 
 
