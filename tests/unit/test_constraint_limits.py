@@ -122,6 +122,14 @@ def test_nested_repetition_counts_multiply_into_the_limit(compiler, spec):
     assert "unrolls to" in str(err.value) and "the limit is 100000" in str(err.value)
 
 
+def test_schema_enums_count_as_choices(compiler):
+    many = {"type": "object", "properties": {
+        "a": {"enum": [f"a{i}" for i in range(6000)]}, "b": {"enum": list(range(6000))}}}  # fmt: skip
+    with pytest.raises(GrammarError, match="enums list 12000 values; the limit is 10000"):
+        compiler.compile(StructuredOutputsParams(json=many))
+    compiler.compile(StructuredOutputsParams(json={"enum": [f"v{i}" for i in range(10_000)]}))
+
+
 def test_limits_leave_real_constraints_alone(compiler):
     compiler.compile(StructuredOutputsParams(json=nested_schema(20)))
     compiler.compile(StructuredOutputsParams(json=ref_chain(500)))

@@ -84,9 +84,11 @@ def unrolled_size(regex: str) -> int:
     return total
 
 
-def schema_patterns(schema: Any) -> list[str]:
-    """Every regex of a JSON schema (`pattern` values, `patternProperties` keys)."""
+def schema_patterns(schema: Any) -> tuple[list[str], int]:
+    """Every regex of a JSON schema (`pattern` values, `patternProperties` keys), and how many
+    `enum` values it lists in all."""
     found: list[str] = []
+    enums = 0
     stack: list[Any] = [schema]
     while stack:
         node = stack.pop()
@@ -95,10 +97,12 @@ def schema_patterns(schema: Any) -> list[str]:
                 found.append(node["pattern"])
             if isinstance(node.get("patternProperties"), dict):
                 found.extend(node["patternProperties"])
+            if isinstance(node.get("enum"), list):
+                enums += len(node["enum"])
             stack.extend(v for v in node.values() if isinstance(v, dict | list))
         elif isinstance(node, list):
             stack.extend(v for v in node if isinstance(v, dict | list))
-    return found
+    return found, enums
 
 
 def _check_repeat(count: int, where: str, limits: ConstraintLimits) -> None:
@@ -147,8 +151,13 @@ def check_limits(spec: StructuredOutputsParams, limits: ConstraintLimits = DEFAU
             raise ConstraintTooLargeError(
                 f"the JSON schema has {refs} $ref; the limit is {limits.max_schema_refs}"
             )
-        for pattern in schema_patterns(spec.json):
+        patterns, enums = schema_patterns(spec.json)
+        for pattern in patterns:
             _check_regex(pattern, "a pattern", limits)
+        if enums > limits.max_choices:  # an enum is a choice list
+            raise ConstraintTooLargeError(
+                f"the JSON schema's enums list {enums} values; the limit is {limits.max_choices}"
+            )
     if spec.regex is not None and len(spec.regex.encode()) > limits.max_regex_bytes:
         raise ConstraintTooLargeError(
             f"the regex is {len(spec.regex.encode())} bytes; the limit is {limits.max_regex_bytes}"
