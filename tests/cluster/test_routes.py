@@ -69,7 +69,8 @@ async def test_with_a_gateway_scaling_needs_the_admin_key(tmp_path):
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
         reply = await client.post("/admin/keys", json={"name": "client"}, headers=admin)
         user = {"Authorization": f"Bearer {reply.json()['key']}"}
-        assert (await client.get("/cluster", headers=user)).status_code == 200
+        assert (await client.get("/cluster", headers=user)).status_code == 403
+        assert (await client.get("/cluster", headers=admin)).status_code == 200
         r = await client.post("/cluster/scale", json={"replicas": 2}, headers=user)
         assert r.status_code == 403 and len(manager.workers) == 1
         r = await asyncio.wait_for(

@@ -1,6 +1,7 @@
 """The router's cluster control: `GET /cluster` (workers, their state and nodes) and
 `POST /cluster/scale` (what `tokenmill cluster scale` calls), behind the router's key;
-with a gateway in front, scaling takes its admin key (client keys only read). The router's
+with a gateway in front, both take its admin key (the gateway's middleware refuses client
+keys here, and scaling checks it again). The router's
 app includes `router` and puts its ClusterManager in app.state.cluster."""
 
 from __future__ import annotations
