@@ -278,11 +278,9 @@ def test_message_text_cannot_inject_control_tokens(server):
 
 
 HEAVY = {
-    # ~3.9 MiB of prompt to tokenize
+    # ~3.9 MiB of prompt to tokenize (a 100,000-string enum, compiled here once, is refused
+    # by the constraint limits before any work now: test_constraint_limits.py)
     "tokenize": ("/tokenize", {"prompt": "word " * 800_000}),
-    # a 100,000-string enum to compile
-    "enum": ("/v1/chat/completions", {**CHAT, "max_tokens": 1, "response_format": json_schema_format(
-        {"type": "string", "enum": [f"value-{i}" for i in range(100_000)]})}),
 }  # fmt: skip
 
 
@@ -305,8 +303,8 @@ def test_health_answers_during_heavy_cpu_work(server, kind):
         assert httpx.get(f"{server.base_url}/health", timeout=30).status_code == 200
         latencies.append(time.monotonic() - t0)
     worker.join(120)
-    r = result["r"]  # llguidance refuses the enum ("schema too large") after doing the work
-    assert r.status_code == 200 or "too large" in r.json()["error"]["message"], r.text
+    r = result["r"]
+    assert r.status_code == 200, r.text
     assert latencies, "the work finished before /health could be asked"
     assert max(latencies) < 1.0, latencies  # it used to wait for the whole job
 

@@ -127,6 +127,9 @@ def test_schema_enums_count_as_choices(compiler):
         "a": {"enum": [f"a{i}" for i in range(6000)]}, "b": {"enum": list(range(6000))}}}  # fmt: skip
     with pytest.raises(GrammarError, match="enums list 12000 values; the limit is 10000"):
         compiler.compile(StructuredOutputsParams(json=many))
+    huge = {"type": "string", "enum": [f"value-{i}" for i in range(100_000)]}
+    with pytest.raises(GrammarError, match="enums list 100000 values"):  # before any work
+        compiler.compile(StructuredOutputsParams(json=huge))
     compiler.compile(StructuredOutputsParams(json={"enum": [f"v{i}" for i in range(10_000)]}))
 
 
