@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.gateway.captured import CapturedResponse
 from tokenmill.gateway.exchange import Exchange, error_envelope
 from tokenmill.gateway.middleware import ADAPTERS, KEY_OWNER_PREFIX
 
@@ -57,24 +58,17 @@ async def run_line_as_key(
         await asyncio.Event().wait()  # never set: no client leaves; the line ends when answered
         return {"type": "http.disconnect"}
 
-    status, headers, chunks = 500, [], []
-
-    async def send(message: dict[str, Any]) -> None:
-        nonlocal status, headers
-        if message["type"] == "http.response.start":
-            status, headers = message["status"], message.get("headers", [])
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-
-    await Exchange(gateway, ADAPTERS[url], scope, receive, send, state.key).run()
+    reply = CapturedResponse()
+    await Exchange(gateway, ADAPTERS[url], scope, receive, reply.send, state.key).run()
+    status = reply.status
     try:
-        answer = json.loads(b"".join(chunks))
+        answer = json.loads(reply.body)
     except ValueError:
         answer = error_envelope("the line's answer was not JSON", "internal_server_error", None)
         status = 500
     retry = None
     error = answer.get("error") if isinstance(answer, dict) else None
     if status == 429 and isinstance(error, dict) and error.get("code") in RATE_LIMIT_CODES:
-        after = dict(headers).get(b"retry-after", b"1")
+        after = dict(reply.headers).get(b"retry-after", b"1")
         retry = float(after.decode() or 1)
     return LineAnswer(status, answer, retry)

@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+from tokenmill.gateway.captured import CapturedResponse, send_whole
 from tokenmill.gateway.endpoints.common import ExchangeContext, blocked_message
 from tokenmill.gateway.guardrails import check_input
 from tokenmill.gateway.guardrails.decision import masked
@@ -486,27 +487,19 @@ def _sse_headers() -> list[tuple[bytes, bytes]]:
 async def filtered_read(gw, adapter, scope, receive, send, key: StoredKey) -> None:
     """A stored object read back (GET /v1/responses/{id}): the same output filters and tool
     policy as when it was made, so a redacted answer stays redacted. Nothing is metered."""
-    start: dict[str, Any] = {}
-    body = bytearray()
-
-    async def capture(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            start.update(message)
-        elif message["type"] == "http.response.body":
-            body.extend(message.get("body", b""))
-
+    reply = CapturedResponse()
     headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
-    await gw.app({**scope, "headers": headers}, receive, capture)
-    obj = _parse(bytes(body))
-    out = bytes(body)
-    if obj is not None and 200 <= start.get("status", 500) < 300:
+    await gw.app({**scope, "headers": headers}, receive, reply.send)
+    out = reply.body
+    obj = _parse(out)
+    if obj is not None and 200 <= reply.status < 300:
         model = str(obj.get("model", ""))
         ctx = gw.context(
             gw.config, key, adapter.endpoint, model, stream=False, tools=declared_tools(obj)
         )
         filtered = await adapter.transform_json(obj, ctx)
         if filtered is None:
-            status = 400
+            reply.status = 400
             out = dumps(
                 error_envelope(
                     "the stored output is blocked by policy",
@@ -514,10 +507,6 @@ async def filtered_read(gw, adapter, scope, receive, send, key: StoredKey) -> No
                     "guardrail_blocked",
                 )
             )
-            start["status"] = status
         else:
             out = dumps(filtered)
-    head = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-    head.append((b"content-length", str(len(out)).encode()))
-    await send({"type": "http.response.start", "status": start.get("status", 500), "headers": head})
-    await send({"type": "http.response.body", "body": out, "more_body": False})
+    await send_whole(send, reply.status, reply.headers, out)

@@ -79,6 +79,10 @@ class Admission:
     done: bool = field(default=False)
 
 
+def _parallel_limit(key: StoredKey, defaults: KeyDefaults) -> int | None:
+    return key.max_parallel if key.max_parallel is not None else defaults.max_parallel
+
+
 class Limiter:
     def __init__(self, spend_since: Callable[[str, float], Awaitable[float]]) -> None:
         self.keys: dict[str, _KeyUsage] = {}
@@ -113,7 +117,7 @@ class Limiter:
         a batch line waits this long instead of being refused for them."""
         now = time.monotonic() if now is None else now
         usage = self._usage(key.id)
-        parallel = key.max_parallel if key.max_parallel is not None else defaults.max_parallel
+        parallel = _parallel_limit(key, defaults)
         if parallel is not None and usage.in_flight >= parallel:
             return 1.0
         wait = 0.0
@@ -129,7 +133,7 @@ class Limiter:
         usage = self._usage(key.id)
         rpm = key.rpm if key.rpm is not None else defaults.rpm
         tpm = key.tpm if key.tpm is not None else defaults.tpm
-        parallel = key.max_parallel if key.max_parallel is not None else defaults.max_parallel
+        parallel = _parallel_limit(key, defaults)
         if parallel is not None and usage.in_flight >= parallel:
             return Rejection(
                 429,

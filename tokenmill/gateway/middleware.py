@@ -8,7 +8,6 @@ reload) belong to the app's lifespan, which starts and stops them."""
 
 from __future__ import annotations
 
-import json
 import re
 
 from tokenmill.gateway.admin import build_admin_app, is_admin
@@ -16,7 +15,7 @@ from tokenmill.gateway.endpoints.chat import ChatAdapter, CompletionAdapter
 from tokenmill.gateway.endpoints.embeddings import EmbeddingsAdapter
 from tokenmill.gateway.endpoints.models import MODELS_PATH, models_for_key
 from tokenmill.gateway.endpoints.responses import ResponsesAdapter
-from tokenmill.gateway.exchange import Exchange, filtered_read
+from tokenmill.gateway.exchange import Exchange, filtered_read, json_response
 from tokenmill.gateway.keys import bearer_token
 from tokenmill.openai.errors import INVALID_REQUEST, error_body
 
@@ -104,9 +103,7 @@ async def _unauthorized(send, message: str) -> None:
 
 
 async def _refuse(status: int, message: str, type_: str, send, code: str | None = None) -> None:
-    body = json.dumps(error_body(message, type_, code=code)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    challenge = [(b"www-authenticate", b"Bearer")] if status == 401 else None
+    start, body = json_response(status, error_body(message, type_, code=code), challenge)
+    await send(start)
+    await send(body)
